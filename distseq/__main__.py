@@ -1,0 +1,5 @@
+import sys
+
+from distseq.cli import main
+
+sys.exit(main())

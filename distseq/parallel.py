@@ -1,0 +1,109 @@
+"""Process group set-up and model wrapping: FSDP2 ``fully_shard``, DDP, or nothing.
+
+gloo on CPU and NCCL on GPU run the same code. FSDP1 (``FullyShardedDataParallel``) is not
+offered: with fairscale's checkpoint wrapper it either crashes or silently leaves the CNN
+without updates (design.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from distseq.config import ConfigError, ParallelConfig, ParallelMode, Precision
+from distseq.model import VideoModel
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(timeout_s: float = 600.0) -> DistInfo:
+    """Join the torchrun group when launched by torchrun; otherwise run as a single process."""
+    if "RANK" not in os.environ:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return DistInfo(0, 1, device)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        # A bounded timeout turns a rank stuck in a collective into an error instead of a hang.
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), device)
+
+
+def close_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _param_dtype(cfg: ParallelConfig, device: torch.device) -> torch.dtype | None:
+    if cfg.precision is Precision.bf16 or (
+        cfg.precision is Precision.auto and device.type == "cuda"
+    ):
+        return torch.bfloat16
+    return None
+
+
+def parallelize(model: VideoModel, cfg: ParallelConfig, info: DistInfo) -> nn.Module:
+    if cfg.precision is Precision.bf16 and cfg.mode is not ParallelMode.fsdp:
+        raise ConfigError("config key parallel.precision=bf16: needs parallel.mode=fsdp")
+    model.to(info.device)
+    if not dist.is_initialized():
+        return model
+    if cfg.mode is ParallelMode.none:
+        if info.world > 1:
+            raise ConfigError(
+                f"config key parallel.mode=none: {info.world} ranks would train "
+                f"{info.world} unrelated models; use fsdp or ddp"
+            )
+        return model
+    if cfg.mode is ParallelMode.ddp:
+        ids = [info.device.index] if info.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    mp = MixedPrecisionPolicy(param_dtype=_param_dtype(cfg, info.device), reduce_dtype=torch.float32)
+    # The encoder is sharded as the one unit that owns the chunk loop: its parameters are
+    # gathered once per forward and once per backward, however many chunks and recomputes run.
+    fully_shard(model.encoder, mp_policy=mp)
+    fully_shard(model.head, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+@contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient reduction on all but the last micro-batch of an accumulated step."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+        yield
+    elif isinstance(model, DistributedDataParallel) and not enabled:
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    return x

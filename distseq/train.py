@@ -1,0 +1,183 @@
+"""The training loop: optimizer, schedule, accumulation, evaluation, metrics and progress."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from tqdm import tqdm
+
+from distseq import data
+from distseq.checkpoint import save_checkpoint
+from distseq.config import Config, OptimConfig, to_yaml
+from distseq.data import Batch
+from distseq.memory import apply_memory_policy
+from distseq.model import build_model
+from distseq.parallel import (
+    DistInfo,
+    all_reduce_sum,
+    close_distributed,
+    gradient_sync,
+    init_distributed,
+    parallelize,
+)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message is one line."""
+
+
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def warmup_cosine(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine)
+
+
+def check_every_parameter_has_grad(model: nn.Module) -> None:
+    """Fail loudly where checkpointing or sharding would silently stop a part from learning."""
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if missing:
+        raise TrainingError(
+            f"{len(missing)} parameters got no gradient after the first step "
+            f"(e.g. {missing[0]}); refusing to train a model that cannot learn"
+        )
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):  # sharded gradients: the local norm is a partial result
+        norm = norm.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+    return float(norm)
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: list[Batch], world: int
+) -> tuple[float, int]:
+    """Forward and backward over the micro-batches of one optimizer step.
+
+    Returns the mean loss per real frame over the global batch and the global frame count. Each
+    rank's loss is scaled so that the gradient average that DDP and FSDP perform gives exactly
+    the gradient of the global mean, whatever the padding on each rank.
+    """
+    frames = all_reduce_sum(sum(b.mask.sum() for b in micro_batches).double())  # type: ignore[union-attr]
+    total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].mask.device)
+    for i, batch in enumerate(micro_batches):
+        with gradient_sync(model, enabled=i == len(micro_batches) - 1):
+            logits = model(batch.frames, batch.mask)
+            loss_sum = F.cross_entropy(
+                logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="sum"
+            )
+            (loss_sum * (world / frames)).backward()
+        total += loss_sum.detach().double()
+    return float(all_reduce_sum(total) / frames), int(frames)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device) -> float:
+    """Per-frame accuracy over real frames of the whole validation split, all ranks together."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    for batch in batches:
+        batch = batch.to(device)
+        pred = model(batch.frames, batch.mask).argmax(-1)
+        counts[0] += (pred[batch.mask] == batch.labels[batch.mask]).sum()
+        counts[1] += batch.mask.sum()
+    model.train()
+    correct, total = all_reduce_sum(counts).tolist()
+    return correct / max(total, 1.0)
+
+
+class MetricsLog:
+    """JSON lines on the main rank; other ranks write nothing."""
+
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.enabled = enabled
+        if enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = path.open("a")
+
+    def write(self, record: dict[str, object]) -> None:
+        if self.enabled:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+
+def _micro_batches(stream: Iterator[Batch], n: int, device: torch.device) -> list[Batch]:
+    return [next(stream).to(device) for _ in range(n)]
+
+
+def train(cfg: Config) -> dict[str, float]:
+    """Run one training job as this process's rank; returns the final metrics."""
+    info = init_distributed()
+    try:
+        return _train(cfg, info)
+    finally:
+        close_distributed()
+
+
+def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
+    out = Path(cfg.train.out_dir)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(to_yaml(cfg))
+    log = MetricsLog(out / "metrics.jsonl", info.is_main)
+
+    manifest = data.load_manifest(cfg.data)
+    torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
+    model = build_model(cfg.model, manifest.num_classes)
+    apply_memory_policy(model, cfg.memory)
+    model = parallelize(model, cfg.parallel, info)
+    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
+
+    stream = data.train_batches(cfg.data, seed=cfg.train.seed)
+    metrics: dict[str, float] = {}
+    bar = tqdm(total=cfg.train.steps, desc="train", disable=not info.is_main, dynamic_ncols=True)
+    for step in range(1, cfg.train.steps + 1):
+        batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
+        start = time.perf_counter()
+        loss, frames = train_step(model, optimizer, batches, info.world)
+        if step == 1:
+            check_every_parameter_has_grad(model)
+        grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        lr = schedule.get_last_lr()[0]
+        schedule.step()
+        seconds = time.perf_counter() - start
+        if not math.isfinite(loss):
+            raise TrainingError(f"loss is {loss} at step {step}; lower optim.lr?")
+        metrics = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
+        metrics["frames_per_s"] = frames / seconds
+        metrics["skipped_samples"] = data.skipped_samples()
+        bar.update()
+        bar.set_postfix(loss=f"{loss:.4f}")
+        if step % cfg.train.log_every == 0 or step == cfg.train.steps:
+            log.write(metrics)
+        last = step == cfg.train.steps
+        if cfg.data.val and (last or (cfg.train.eval_every and step % cfg.train.eval_every == 0)):
+            metrics["val_accuracy"] = evaluate(
+                model, data.val_batches(cfg.data, manifest), info.device
+            )
+            log.write({"step": step, "val_accuracy": metrics["val_accuracy"]})
+            bar.write(f"step {step}: val per-frame accuracy {metrics['val_accuracy']:.3f}")
+    bar.close()
+    save_checkpoint(out / "checkpoints", cfg.train.steps, model, optimizer)
+    return metrics

@@ -1,0 +1,315 @@
+"""Shard format, synthetic data, train/val streams and data errors (tiny sizes, CPU only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections import Counter
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+import webdataset as wds
+from torchvision.io import encode_jpeg
+
+from distseq.config import DataConfig, OnError
+from distseq.data import (
+    Batch,
+    DataError,
+    load_manifest,
+    skipped_samples,
+    train_batches,
+    val_batches,
+)
+from distseq.synthetic import CUE_FRAMES, sequences, write_synthetic
+
+# torchvision 0.29 deprecates its JPEG codecs (in favour of TorchCodec) on every call.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+REPO = Path(__file__).resolve().parents[1]
+SYN = dict(min_frames=9, max_frames=14, size=32, phases=3, seed=1)
+N_TRAIN, N_VAL, PER_SHARD = 12, 5, 3
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("syn")
+    with warnings.catch_warnings():  # module-scoped setup is outside pytestmark's filter
+        warnings.simplefilter("ignore", DeprecationWarning)
+        write_synthetic(
+            out, train_sequences=N_TRAIN, val_sequences=N_VAL, sequences_per_shard=PER_SHARD, **SYN
+        )
+    return out
+
+
+def _cfg(root: Path, **kw: object) -> DataConfig:
+    args: dict[str, object] = dict(
+        train=str(root / "train-{000000..000003}.tar"),
+        val=str(root / "val-{000000..000001}.tar"),
+        size=32,
+        frames=12,
+        batch_size=2,
+        num_workers=0,
+        shuffle_buffer=4,
+    )
+    args.update(kw)
+    return DataConfig(**args)  # type: ignore[arg-type]
+
+
+def _originals(split: str, count: int) -> dict[str, tuple[torch.Tensor, list[int]]]:
+    return {key: (x, y) for key, x, y in sequences(split, count, **SYN)}
+
+
+def test_synthetic_is_deterministic_and_has_cues(tmp_path: Path, shards: Path) -> None:
+    again = tmp_path / "again"
+    write_synthetic(
+        again, train_sequences=N_TRAIN, val_sequences=N_VAL, sequences_per_shard=PER_SHARD, **SYN
+    )
+    names = sorted(p.name for p in shards.iterdir())
+    assert names == sorted(p.name for p in again.iterdir())
+    assert len(names) == 4 + 2 + 1
+    for name in names:
+        assert (shards / name).read_bytes() == (again / name).read_bytes(), name
+
+    manifest = load_manifest(_cfg(shards))
+    assert manifest.classes == ["phase0", "phase1", "phase2"]
+    assert manifest.shards["val-000001.tar"].samples == 2
+    for frames, labels in _originals("train", N_TRAIN).values():
+        assert labels[0] == 0 and labels[-1] == 2 and labels == sorted(labels)
+        # Cue frames (bright centre) sit exactly on the first CUE_FRAMES frames of each new phase.
+        centre = frames[:, :, 14:18, 14:18].float().mean(dim=(1, 2, 3))
+        starts = [t for t in range(1, len(labels)) if labels[t] != labels[t - 1]]
+        cues = {s + i for s in starts for i in range(CUE_FRAMES)}
+        assert {t for t in range(len(labels)) if centre[t] > 250} == cues
+
+
+@pytest.mark.parametrize(
+    ("workers", "order"),
+    [(0, [0, 1, 2, 3, 4]), (2, [0, 2, 1, 3, 4])],  # 2 workers: samples 0,2,4 and 1,3, interleaved
+)
+def test_val_round_trip(shards: Path, workers: int, order: list[int]) -> None:
+    cfg = _cfg(shards, num_workers=workers)
+    batches = list(val_batches(cfg, load_manifest(cfg)))
+    # ceil(5 / 2) in one stream, or ceil(3 / 2) + ceil(2 / 2): the count comes from index.json
+    # alone, and here no batch is padding.
+    assert len(batches) == 3
+    originals = _originals("val", N_VAL)
+    keys = [k for b in batches for k in b.keys]
+    assert keys == [f"val-{i:06d}" for i in order]  # nothing dropped or repeated
+    for batch in batches:
+        assert batch.frames.dtype == torch.uint8 and batch.labels.dtype == torch.int64
+        for row, key in enumerate(batch.keys):
+            frames, labels = originals[key]
+            n = len(labels)
+            assert batch.mask[row].tolist() == [True] * n + [False] * (batch.mask.shape[1] - n)
+            assert batch.labels[row, :n].tolist() == labels
+            assert (batch.labels[row, n:] == -100).all() and (batch.frames[row, n:] == 0).all()
+            err = (batch.frames[row, :n].float() - frames.float()).abs()
+            assert err.mean() < 4.5, key  # JPEG loss only
+        assert batch.mask.shape[1] == max(len(originals[k][1]) for k in batch.keys)
+
+
+def _check_windows(batches: list[Batch], frames: int) -> None:
+    originals = _originals("train", N_TRAIN)
+    for batch in batches:
+        assert batch.frames.shape[1] <= frames
+        for row, key in enumerate(batch.keys):
+            full, labels = originals[key]
+            n = int(batch.mask[row].sum())
+            assert n == min(len(labels), frames)
+            assert not batch.mask[row, n:].any() and (batch.labels[row, n:] == -100).all()
+            got = batch.frames[row, :n].float()
+            starts = [
+                s
+                for s in range(len(labels) - n + 1)
+                if batch.labels[row, :n].tolist() == labels[s : s + n]
+                and (got - full[s : s + n].float()).abs().mean() < 4.5
+            ]
+            assert starts, f"{key}: not a window of the original sequence"
+
+
+def test_train_stream_windows_infinite_deterministic(shards: Path) -> None:
+    cfg = _cfg(shards, num_workers=2)
+    batches = list(islice(train_batches(cfg, seed=3), 20))  # 40 samples: over 3 epochs of 12
+    _check_windows(batches, cfg.frames)
+    keys = [k for b in batches for k in b.keys]
+    assert len(keys) == 40
+    seen = Counter(keys)
+    assert set(seen) == set(_originals("train", N_TRAIN)) and min(seen.values()) >= 2
+    lengths = {len(y) for _, y in _originals("train", N_TRAIN).values()}
+    assert min(lengths) < cfg.frames < max(lengths)  # both cropping and padding happened
+
+    again = list(islice(train_batches(cfg, seed=3), 20))
+    assert [b.keys for b in again] == [b.keys for b in batches]
+    assert all(torch.equal(a.frames, b.frames) for a, b in zip(again, batches, strict=True))
+    other = list(islice(train_batches(cfg, seed=4), 20))
+    assert [b.keys for b in other] != [b.keys for b in batches]
+
+
+def _write_shard(root: Path, samples: list[dict[str, bytes | str]]) -> DataConfig:
+    """A one-shard dataset, used for train and val alike, with its index.json."""
+    root.mkdir(parents=True, exist_ok=True)
+    with wds.TarWriter(str(root / "bad-000000.tar"), encoder=False) as sink:
+        for sample in samples:
+            sink.write(sample)
+    index = {
+        "format": 1,
+        "classes": ["c0", "c1", "c2"],
+        "shards": {"bad-000000.tar": {"split": "val", "samples": len(samples), "frames": 0}},
+    }
+    (root / "index.json").write_text(json.dumps(index))
+    shard = str(root / "bad-000000.tar")
+    return _cfg(root, train=shard, val=shard, batch_size=1)
+
+
+def _sample(key: str, n: int = 3, labels: list[int] | None = None) -> dict[str, bytes | str]:
+    sample: dict[str, bytes | str] = {"__key__": key}
+    for t in range(n):
+        img = torch.full((3, 16, 16), 40 * t, dtype=torch.uint8)
+        sample[f"{t:06d}.jpg"] = encode_jpeg(img, quality=90).numpy().tobytes()
+    sample["labels.json"] = json.dumps({"labels": [0] * n if labels is None else labels}).encode()
+    return sample
+
+
+def _val(cfg: DataConfig) -> list[Batch]:
+    return list(val_batches(cfg, load_manifest(cfg)))
+
+
+def test_pickle_member_is_refused(tmp_path: Path) -> None:
+    bad = _sample("evil")
+    bad["state.pyd"] = b"cos\nsystem\n(S'echo pwned'\ntR."  # a pickle that would run a command
+    cfg = _write_shard(tmp_path, [_sample("ok"), bad])
+    with pytest.raises(DataError, match=r"bad-000000\.tar sample evil: member evil\.state\.pyd"):
+        _val(cfg)
+
+
+def test_corrupt_jpeg_raises_or_is_skipped(tmp_path: Path) -> None:
+    bad = _sample("broken")
+    bad["000001.jpg"] = b"this is not a jpeg"
+    cfg = _write_shard(tmp_path, [_sample("a"), bad, _sample("b")])
+    with pytest.raises(DataError, match=r"bad-000000\.tar sample broken: frame 000001\.jpg"):
+        _val(cfg)
+    # Through a DataLoader worker the message must still be one line.
+    with pytest.raises(DataError) as info:
+        list(islice(train_batches(DataConfig(**{**vars(cfg), "num_workers": 1}), seed=0), 3))
+    assert "\n" not in str(info.value) and "frame 000001.jpg" in str(info.value)
+
+    before = skipped_samples()
+    skip = DataConfig(**{**vars(cfg), "on_error": OnError.skip})
+    batches = _val(skip)
+    assert skipped_samples() == before + 1
+    assert [b.keys for b in batches] == [["a"], ["b"], [""]]  # topped up to the 3 in index.json
+    assert not batches[-1].mask.any()
+
+
+def test_all_bad_train_data_raises_instead_of_hanging(tmp_path: Path) -> None:
+    broken = []
+    for key in "abc":
+        sample = _sample(key)
+        sample["000000.jpg"] = b"junk"
+        broken.append(sample)
+    cfg = DataConfig(**{**vars(_write_shard(tmp_path, broken)), "on_error": OnError.skip})
+    with pytest.raises(DataError, match=r"train samples in a row, .*sample [abc]: frame 000000"):
+        next(train_batches(cfg, seed=0))
+
+
+@pytest.mark.parametrize(
+    ("key", "frames", "labels", "message"),
+    [
+        ("short", 3, [0, 1], r"sample short: 2 labels for 3 frames"),
+        ("range", 2, [0, 7], r"sample range: label 7 outside the 3"),
+        ("notint", 2, [0, "1"], r"sample notint: .* must be a list of integers"),
+        ("nolab", 1, None, r"sample nolab: missing member nolab\.labels\.json"),
+        ("gap", 0, [0, 0], r"sample gap: frames must be numbered 000000\.\.000001"),
+    ],
+)
+def test_bad_labels_raise(
+    tmp_path: Path, key: str, frames: int, labels: list[object] | None, message: str
+) -> None:
+    sample = _sample(key, n=frames, labels=labels)  # type: ignore[arg-type]
+    if labels is None:
+        del sample["labels.json"]
+    if key == "gap":  # frames 0 and 2, no frame 1
+        sample["000000.jpg"] = sample["000002.jpg"] = _sample("x", n=1)["000000.jpg"]
+    with pytest.raises(DataError, match=message):
+        _val(_write_shard(tmp_path, [sample]))
+
+
+def test_missing_shard_and_too_few_shards(shards: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"shard not found: .*train-000004\.tar"):
+        train_batches(_cfg(shards, train=str(shards / "train-{000000..000009}.tar")), seed=0)
+    with pytest.raises(DataError, match=r"manifest not found: nope\.json"):
+        load_manifest(_cfg(shards, manifest="nope.json"))
+    (tmp_path / "train-000000.tar").write_bytes((shards / "train-000000.tar").read_bytes())
+    alone = str(tmp_path / "train-000000.tar")
+    with pytest.raises(DataError, match=r"manifest not found: .*missing_shard.*/index\.json"):
+        train_batches(_cfg(tmp_path, train=alone), seed=0)
+    with pytest.raises(DataError, match=r"has 4 shards but 1 ranks x 5 workers need at least 5"):
+        train_batches(_cfg(shards, num_workers=5), seed=0)
+
+
+RANK_SCRIPT = """
+import json, sys
+from itertools import islice
+import torch.distributed as dist
+from distseq.config import DataConfig
+from distseq.data import Batch, DataError, load_manifest, train_batches, val_batches
+
+root, out = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+cfg = DataConfig(train=root + "/train-{000000..000003}.tar", val=root + "/val-{000000..000001}.tar",
+                 size=32, frames=12, batch_size=2, num_workers=1, shuffle_buffer=4)
+val = [{"keys": b.keys, "labels": b.labels.tolist(), "mask": b.mask.tolist()}
+       for b in val_batches(cfg, load_manifest(cfg))]
+first = next(train_batches(cfg, seed=5)).keys
+try:
+    train_batches(DataConfig(**{**vars(cfg), "num_workers": 3}), seed=0)
+    too_few = ""
+except DataError as e:
+    too_few = str(e)
+json.dump({"val": val, "first_train": first, "too_few": too_few}, open(f"{out}/{rank}.json", "w"))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_val_lockstep_and_disjoint(shards: Path, tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent(RANK_SCRIPT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [*cmd, str(script), str(shards), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+
+    assert len(results[0]["val"]) == len(results[1]["val"]) == 2  # rank 1 has 2 samples + 1 pad
+    originals = _originals("val", N_VAL)
+    got: dict[str, list[int]] = {}
+    for res in results:
+        for batch in res["val"]:
+            for key, labels, mask in zip(
+                batch["keys"], batch["labels"], batch["mask"], strict=True
+            ):
+                if key:
+                    assert key not in got, f"{key} seen twice"
+                    got[key] = [y for y, m in zip(labels, mask, strict=True) if m]
+                else:
+                    assert not any(mask)
+    assert got == {key: labels for key, (_, labels) in originals.items()}
+
+    # Each rank starts in its own half of the epoch's shards (3 sequences per shard).
+    first_shards = [{int(k.split("-")[1]) // PER_SHARD for k in r["first_train"]} for r in results]
+    assert first_shards[0] and first_shards[1] and not first_shards[0] & first_shards[1]
+    assert all("2 ranks x 3 workers need at least 6" in r["too_few"] for r in results)

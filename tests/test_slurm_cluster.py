@@ -1,0 +1,243 @@
+"""Tests against a real single-node SLURM cluster, through submitit.
+
+Start the cluster first (Debian/Ubuntu, as root; about 30 s the first time, 2 s after):
+
+    .ci/slurm.sh up && . /tmp/distseq-slurm/env
+    pytest tests/test_slurm_cluster.py -v
+    .ci/slurm.sh down
+
+Without `sbatch` on the PATH and SLURM_CONF set these tests skip, except under CI=true, where
+they fail, so that a CI job that was meant to have a cluster cannot pass without one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle  # a dependency of submitit
+import pytest
+import submitit
+from submitit.slurm.slurm import SlurmJob
+
+# The jobs unpickle the functions below in a fresh interpreter, where this test module (imported
+# by pytest from its rootdir) cannot be imported by name: pickle them by value instead.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+JOB_TIMEOUT_S = 90  # bound on every wait for a job; each test takes ~5-20 s on a 2-CPU machine
+
+
+# --- helpers (shared by the cluster tests) ----------------------------------------------------
+
+
+def _cluster_problem() -> str | None:
+    """Why the SLURM cluster can't be used, or None if it can."""
+    if shutil.which("sbatch") is None:
+        return "sbatch not found on PATH"
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        return "SLURM_CONF is not set"
+    if not Path(conf).is_file():
+        return f"SLURM_CONF={conf} does not exist"
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-p", "debug", "-o", "%a %T"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"sinfo failed: {e}"
+    if out.returncode != 0:
+        return f"sinfo failed (is slurmctld running?): {out.stderr.strip()}"
+    if not out.stdout.strip():
+        return "no partition named 'debug'"
+    return None
+
+
+def _require_cluster() -> None:
+    problem = _cluster_problem()
+    if problem is None:
+        return
+    hint = "start one with `.ci/slurm.sh up && . /tmp/distseq-slurm/env`"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"SLURM cluster required under CI=true: {problem}; {hint}", pytrace=False)
+    pytest.skip(f"no SLURM cluster: {problem}; {hint}")
+
+
+@pytest.fixture
+def slurm(tmp_path: Path) -> Path:
+    _require_cluster()
+    return tmp_path / "submitit"
+
+
+def _executor(folder: Path, **params: object) -> submitit.AutoExecutor:
+    executor = submitit.AutoExecutor(folder=folder)
+    assert executor.cluster == "slurm", f"AutoExecutor picked {executor.cluster!r}, not slurm"
+    defaults = dict(
+        slurm_partition="debug",
+        timeout_min=3,
+        nodes=1,
+        tasks_per_node=1,
+        cpus_per_task=1,
+        name="distseq-test",
+    )
+    executor.update_parameters(**{**defaults, **params})
+    return executor
+
+
+def _wait(job: submitit.Job, timeout_s: float = JOB_TIMEOUT_S) -> list:
+    """job.results() with a bound: without accounting submitit would wait forever for a job
+    that died without writing a result (its state reads UNKNOWN)."""
+    deadline = time.monotonic() + timeout_s
+    while not job.done():
+        if time.monotonic() > deadline:
+            job.cancel(check=False)
+            logs = "\n".join(f"--- {name} ---\n{text}" for name, text in _logs(job).items())
+            pytest.fail(
+                f"job {job.job_id} not done after {timeout_s:.0f} s (state {job.state});\n{logs}"
+            )
+        time.sleep(0.5)
+    return job.results()
+
+
+def _logs(job: submitit.Job) -> dict[str, str]:
+    out = {}
+    for path in sorted(Path(job.paths.folder).glob(f"{job.job_id}_*_log.*")):
+        out[path.name] = path.read_text(errors="replace")[-3000:]
+    return out
+
+
+def _sacct_states(job_id: str, timeout_s: float = 30) -> list[str]:
+    """The states slurmdbd recorded for the job, one per run (requeues included), once the last
+    run has ended; [] without accounting (sacct fails). Results can come back before the job
+    has ended, so this waits, bounded, for a final state."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = subprocess.run(
+            ["sacct", "-n", "-P", "--duplicates", "--allocations", "-j", job_id, "-o", "State"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        if out.returncode != 0:
+            return []
+        states = out.stdout.split()
+        if states and states[-1] not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"):
+            return states
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job_id} still {states} in sacct after {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+# --- job functions (run on the cluster) -------------------------------------------------------
+
+
+def _gloo_all_reduce() -> dict:
+    import torch
+    import torch.distributed as dist
+
+    # Single-node cluster: keep gloo on loopback even where the hostname resolves elsewhere.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    dist.init_process_group(backend="gloo", init_method="env://")
+    try:
+        value = torch.tensor([float(10**env.rank)])  # rank 0 -> 1, rank 1 -> 10
+        total = value.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        gathered = [torch.zeros(1) for _ in range(env.world_size)]
+        dist.all_gather(gathered, value)
+    finally:
+        dist.destroy_process_group()
+    return {
+        "rank": env.rank,
+        "local_rank": env.local_rank,
+        "world_size": env.world_size,
+        "master": f"{env.master_addr}:{env.master_port}",
+        "sum": total.item(),
+        "gathered": [t.item() for t in gathered],
+        "job_id": os.environ["SLURM_JOB_ID"],
+    }
+
+
+class _SlowCounter(submitit.helpers.Checkpointable):
+    """Runs until it has been requeued once: the first run sleeps until the test interrupts it;
+    the run after the requeue finishes at once. Each run appends a line to `progress`."""
+
+    def __init__(self, progress: str) -> None:
+        self.progress = progress
+
+    def __call__(self) -> dict:
+        env = submitit.JobEnvironment()
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        path = Path(self.progress)
+        with path.open("a") as f:
+            f.write(f"start job={env.job_id} restart={restarts} pid={os.getpid()}\n")
+        runs = path.read_text().count("start ")
+        if runs == 1:
+            time.sleep(300)  # interrupted and requeued long before this ends
+            raise RuntimeError("first run was never interrupted")
+        with path.open("a") as f:
+            f.write(f"done restart={restarts}\n")
+        return {"runs": runs, "restart_count": restarts, "job_id": env.job_id}
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+
+def test_two_task_gloo_all_reduce(slurm: Path) -> None:
+    executor = _executor(slurm, tasks_per_node=2)
+    job = executor.submit(_gloo_all_reduce)
+    results = _wait(job)
+
+    assert len(results) == 2, results
+    by_rank = {r["rank"]: r for r in results}
+    assert sorted(by_rank) == [0, 1]
+    for rank, r in by_rank.items():
+        assert r["world_size"] == 2
+        assert r["local_rank"] == rank
+        assert r["sum"] == 11.0, r
+        assert r["gathered"] == [1.0, 10.0], r
+        assert r["job_id"] == job.job_id
+    assert by_rank[0]["master"] == by_rank[1]["master"]
+    states = _sacct_states(job.job_id)
+    if states:  # accounting on
+        assert states == ["COMPLETED"], states
+
+
+def test_checkpointable_requeue(slurm: Path, tmp_path: Path) -> None:
+    progress = tmp_path / "progress.txt"
+    executor = _executor(slurm)
+    job = executor.submit(_SlowCounter(str(progress)))
+
+    # Wait for the first run to start, then preempt it as SLURM would.
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (progress.exists() and "start " in progress.read_text()):
+        if time.monotonic() > deadline:
+            job.cancel(check=False)
+            pytest.fail(f"job {job.job_id} did not start in {JOB_TIMEOUT_S} s: {_logs(job)}")
+        time.sleep(0.2)
+    time.sleep(1.0)  # margin: submitit's handlers are set before the function starts
+    assert isinstance(job, SlurmJob), type(job)
+    job._interrupt()  # SIGTERM then USR2 -> checkpoint() -> scontrol requeue
+
+    result = _wait(job)[0]
+    lines = progress.read_text().splitlines()
+    starts = [line for line in lines if line.startswith("start ")]
+    assert len(starts) == 2, lines
+    assert result["runs"] == 2
+    assert result["restart_count"] >= 1, (result, lines)  # SLURM counted the requeue
+    assert result["job_id"] == job.job_id  # same job, requeued rather than resubmitted
+    assert lines[-1].startswith("done "), lines
+    log = "".join(_logs(job).values())
+    assert f"Requeued job {job.job_id}" in log, log  # submitit's checkpoint-and-requeue ran
+    states = _sacct_states(job.job_id)
+    if states:  # accounting on: the first run is recorded as REQUEUED
+        assert states[0] in ("REQUEUED", "PREEMPTED"), states
+        assert states[-1] == "COMPLETED", states
