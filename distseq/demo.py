@@ -30,7 +30,7 @@ def run_demo(out_dir: str, overrides: list[str]) -> dict[str, float]:
             train_sequences=96,
             val_sequences=32,
             min_frames=48,
-            max_frames=96,
+            max_frames=64,
             size=32,
             phases=PHASES,
             seed=0,

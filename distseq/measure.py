@@ -88,8 +88,8 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
     """Peak bytes of tensor memory allocated on ``device`` while ``fn()`` runs, above the start.
 
     CUDA: the caching allocator's ``max_memory_allocated`` minus the allocation at the start.
-    CPU: the maximum of the running sum of every allocation and free the profiler's memory
-    reporter sees while ``fn`` runs, in time order (see :func:`_cpu_peak`).
+    CPU: the maximum, over time, of the bytes allocated inside ``fn`` and not yet freed, from
+    the allocation events the profiler records (see :func:`_cpu_peak`).
     """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -104,19 +104,24 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
 
 
 def _cpu_peak(fn: Callable[[], object]) -> int:
-    """Exact CPU peak from the profiler's ``[memory]`` events.
+    """Exact CPU peak from the allocation events the profiler records.
 
-    The CPU allocator reports each allocation and free (with its size) to an active profiler that
-    has ``profile_memory`` on. Those are counts of bytes, not samples, so the peak is the same on
-    every run of the same code. The profiler is started through torch's private entry point
-    because only that one takes ``scopes``: restricting op recording to a scope nothing on CPU
-    uses (the lite interpreter) skips recording every op, which cut the overhead by about 3x on a
-    graph of 80k small ops, and leaves only the memory events to walk.
+    The CPU allocator reports each allocation and free to an active profiler that has
+    ``profile_memory`` on. Those are byte counts, not samples, so the peak is the same on every
+    run of the same code. The profiler is started through torch's private entry point because
+    only that one takes ``scopes``: restricting op recording to a scope nothing on CPU uses (the
+    lite interpreter) skips recording every op, which cut the overhead by about 3x on a graph of
+    80k small ops, and leaves only the memory events to walk.
 
-    Caveats: a free of a tensor allocated before ``fn`` started is not reported (the allocator
-    never told the profiler its size), so such frees do not lower the running sum; the result is
-    the peak of what ``fn`` itself allocated. Allocations on threads the profiler does not follow
-    (intra-op pools, oneDNN's own scratch memory) are not seen. Cannot run inside another profiler.
+    Only frees of blocks allocated inside ``fn`` count, matched by address. The allocator's
+    size table outlives a profiling session, so a block allocated in an earlier session (or
+    at an address one had used) is reported freed with a stale size: trusting those frees made
+    the "peak" depend on what ran before (41 to 78 MiB for the same step). So the result is the
+    peak of what ``fn`` itself allocated and still held; a free inside ``fn`` of memory that
+    existed before it does not lower it, as it would on CUDA.
+
+    Not seen: allocations outside the CPU allocator (oneDNN's own scratch memory) and on threads
+    the profiler does not follow. Cannot run inside another profiler.
     """
     if _ag._profiler_enabled():
         raise RuntimeError("peak_memory cannot run while another torch profiler is active")
@@ -141,24 +146,28 @@ def _cpu_peak(fn: Callable[[], object]) -> int:
         fn()
     finally:
         result = _ag._disable_profiler()
-    events = [
-        (e.start_ns(), _nbytes(e))
-        for e in result.events()
-        if e.name() == "[memory]" and e.device_type() == _ag.DeviceType.CPU
-    ]
-    # Stable sort on time only: same-time events keep their recorded order, so a free is never
-    # moved before the allocation it follows.
-    events.sort(key=lambda ev: ev[0])
+
+    allocations: list[tuple[int, int, int]] = []  # (time, address, bytes; negative for a free)
+    stack = result.experimental_event_tree()
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        fields = event.extra_fields
+        if isinstance(fields, _prof._ExtraFields_Allocation) and fields.device.type == "cpu":
+            allocations.append((event.start_time_ns, fields.ptr, fields.alloc_size))
+    # Events of one thread are recorded in order; a stable sort on time alone keeps a free that
+    # shares a timestamp with an allocation in the order they happened.
+    allocations.sort(key=lambda a: a[0])
+    live: dict[int, int] = {}
     current = peak = 0
-    for _, nbytes in events:
-        current += nbytes
-        peak = max(peak, current)
+    for _, ptr, nbytes in allocations:
+        if nbytes > 0:
+            live[ptr] = nbytes
+            current += nbytes
+            peak = max(peak, current)
+        elif ptr in live:
+            current -= live.pop(ptr)
     return peak
-
-
-def _nbytes(e: Any) -> int:
-    # ``_KinetoEvent.nbytes`` exists at runtime but not in the stubs; negative for a free.
-    return int(e.nbytes())
 
 
 # Dispatcher ops that move data, by the kind of collective they are. c10d:: ops are what
@@ -205,7 +214,11 @@ _KINDS: dict[str, str] = {
 }
 # Ops in those namespaces that move nothing; any other unknown one is counted under its name so
 # that a new collective is never silently missed.
-_NOT_COMM = {"c10d::check_for_nan", "_c10d_functional::wait_tensor"}
+_NOT_COMM = {
+    "c10d::check_for_nan",
+    "_c10d_functional::wait_tensor",
+    "_c10d_functional::_wrap_tensor_autograd",
+}
 
 
 def _deferred_subclasses() -> tuple[type, ...]:

@@ -8,6 +8,7 @@ backward. Gradients are those of the plain model: the RNN state is never detache
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -73,6 +74,12 @@ def _fairscale_checkpointed(encoder: nn.Module) -> nn.Module:
         if ctx is not None:
             ctx.__exit__(None, None, None)
 
+    # fairscale feeds its autograd function a dummy tensor that requires grad, so torch's
+    # "None of the inputs have requires_grad=True" is false here; the trainer's first-step check
+    # still catches a parameter that really gets no gradient.
+    warnings.filterwarnings(
+        "ignore", "None of the inputs have requires_grad", UserWarning, "fairscale"
+    )
     for bn in _batchnorms(encoder):
         bn.disable_patch_batchnorm = True  # type: ignore[assignment]
         bn.register_forward_pre_hook(enter)

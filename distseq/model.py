@@ -74,6 +74,9 @@ class FrameEncoder(nn.Module):
     BatchNorm statistics.
     """
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, cnn: nn.Module, feature_dim: int) -> None:
         super().__init__()
         self.cnn = cnn

@@ -81,7 +81,9 @@ def parallelize(model: VideoModel, cfg: ParallelConfig, info: DistInfo) -> nn.Mo
     if cfg.mode is ParallelMode.ddp:
         ids = [info.device.index] if info.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
-    mp = MixedPrecisionPolicy(param_dtype=_param_dtype(cfg, info.device), reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(
+        param_dtype=_param_dtype(cfg, info.device), reduce_dtype=torch.float32
+    )
     # The encoder is sharded as the one unit that owns the chunk loop: its parameters are
     # gathered once per forward and once per backward, however many chunks and recomputes run.
     fully_shard(model.encoder, mp_policy=mp)

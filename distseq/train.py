@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -114,7 +114,7 @@ class MetricsLog:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = path.open("a")
 
-    def write(self, record: dict[str, object]) -> None:
+    def write(self, record: Mapping[str, object]) -> None:
         if self.enabled:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
@@ -142,9 +142,11 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
 
     manifest = data.load_manifest(cfg.data)
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
-    model = build_model(cfg.model, manifest.num_classes)
-    apply_memory_policy(model, cfg.memory)
-    model = parallelize(model, cfg.parallel, info)
+    model = parallelize(
+        apply_memory_policy(build_model(cfg.model, manifest.num_classes), cfg.memory),
+        cfg.parallel,
+        info,
+    )
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
 
     stream = data.train_batches(cfg.data, seed=cfg.train.seed)
@@ -159,7 +161,7 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
         grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        lr = schedule.get_last_lr()[0]
+        lr = float(schedule.get_last_lr()[0])
         schedule.step()
         seconds = time.perf_counter() - start
         if not math.isfinite(loss):

@@ -1,0 +1,103 @@
+"""Checkpointed chunks give the gradients of the plain model (the core contract)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from conftest import random_batch, tiny_model
+from distseq.data import Batch
+from distseq.model import VideoModel
+from distseq.train import TrainingError, check_every_parameter_has_grad
+
+TOL = 1e-5
+
+
+def step(model: VideoModel, batch: Batch, seed: int = 5) -> tuple[dict[str, torch.Tensor], float]:
+    torch.manual_seed(seed)  # same dropout draws in every run being compared
+    logits = model(batch.frames, batch.mask)
+    loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten())
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert len(grads) == len(list(model.parameters())), "a parameter got no gradient"
+    return grads, loss.item()
+
+
+def max_rel_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    assert got.keys() == ref.keys()
+    return max(
+        float((got[n] - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-12)) for n in ref
+    )
+
+
+@pytest.mark.parametrize("backend", ["torch", "fairscale"])
+def test_chunked_checkpoint_matches_plain_unchunked(backend: str) -> None:
+    # T=13 with k=4: the last chunk is short; the second sequence is padded after 9 frames.
+    batch = random_batch(2, 13, lengths=[13, 9])
+    ref, ref_loss = step(tiny_model("none", chunk=1000), batch)
+    got, loss = step(tiny_model(backend, chunk=4), batch)
+    assert max_rel_error(got, ref) < TOL
+    assert abs(loss - ref_loss) < 1e-6
+
+
+@pytest.mark.parametrize("backend", ["torch", "fairscale"])
+def test_dropout_is_replayed_in_recompute(backend: str) -> None:
+    # EfficientNet's stochastic depth and the head's dropout both draw random numbers; the
+    # recompute must draw the same ones. The reference is the same chunking without checkpoints,
+    # because chunking changes the order of random draws.
+    kw = dict(backbone="efficientnet_b0", layers=2, dropout=0.3)
+    batch = random_batch(2, 10, lengths=[10, 7])
+    ref, _ = step(tiny_model("none", chunk=4, **kw), batch)
+    got, _ = step(tiny_model(backend, chunk=4, **kw), batch)
+    assert max_rel_error(got, ref) < TOL
+    # and dropout really was on: another seed gives other gradients
+    other, _ = step(tiny_model(backend, chunk=4, **kw), batch, seed=6)
+    assert max_rel_error(other, ref) > 1e-3
+
+
+@pytest.mark.parametrize("backend", ["torch", "fairscale"])
+def test_batchnorm_grads_and_running_stats_updated_once(backend: str) -> None:
+    batch = random_batch(2, 12, size=64, lengths=[12, 10])
+    ref_model = tiny_model("none", chunk=4, norm="batchnorm")
+    model = tiny_model(backend, chunk=4, norm="batchnorm")
+    ref, _ = step(ref_model, batch)
+    got, _ = step(model, batch)
+    assert max_rel_error(got, ref) < TOL
+    ref_buffers = dict(ref_model.named_buffers())
+    bns = 0
+    for name, buf in model.named_buffers():
+        assert torch.equal(buf, ref_buffers[name]), name
+        bns += name.endswith("num_batches_tracked")
+    assert bns > 0
+    tracked = model.get_buffer("encoder.encoder.cnn.bn1.num_batches_tracked")
+    assert int(tracked) == 3  # three chunks, one update each, not six
+
+
+def test_truncated_bptt_cuts_gradient_only_when_asked() -> None:
+    batch = random_batch(1, 12)
+    full = tiny_model("torch", chunk=4)
+    cut = tiny_model("torch", chunk=4)
+    cut.head.tbptt_frames = 4
+    for model in (full, cut):
+        feats = model.encoder(batch.frames, batch.mask).detach().requires_grad_(True)
+        model.head(feats, batch.mask)[0, -1].sum().backward()
+        early = feats.grad[0, :8].abs().sum()
+        if model is full:
+            assert early > 0  # the last frame's loss reaches the first frames
+        else:
+            assert early == 0
+
+
+def test_guard_catches_reentrant_checkpoint_dropping_cnn_grads() -> None:
+    # What design.md warns of: reentrant checkpointing with inputs that do not require grad
+    # leaves the CNN without gradients and only warns. The first-step guard turns it into an error.
+    model = tiny_model("none", chunk=1000)
+    inner = model.encoder.encoder
+    batch = random_batch(1, 4)
+    with pytest.warns(UserWarning):
+        feats = checkpoint(inner, batch.frames, batch.mask, use_reentrant=True)
+    model.head(feats, batch.mask).sum().backward()
+    with pytest.raises(TrainingError, match="got no gradient"):
+        check_every_parameter_has_grad(model)
