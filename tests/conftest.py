@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -71,16 +72,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def report(record: dict) -> None:
+    """Called by a rank inside a torchrun script: one result file per rank, so that ranks'
+    output never interleaves."""
+    rank = int(os.environ["RANK"])
+    Path(f"result_{rank}.json").write_text(json.dumps({"rank": rank, **record}))
+
+
 def torchrun(
     script: str, nproc: int, tmp_path: Path, *args: str, timeout: float = 300
 ) -> list[dict]:
-    """Run ``script`` under a real ``torchrun --nproc_per_node=nproc`` (gloo, CPU).
+    """Run ``script`` under a real ``torchrun --nproc_per_node=nproc`` (gloo, CPU) in tmp_path.
 
-    Each rank prints one JSON line prefixed with RESULT; the parsed records come back in rank
-    order.
+    Each rank calls :func:`report`; the records come back in rank order.
     """
     path = tmp_path / f"script_{nproc}.py"
     path.write_text(textwrap.dedent(script))
+    for old in tmp_path.glob("result_*.json"):
+        old.unlink()
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -96,17 +105,22 @@ def torchrun(
         str(path),
         *args,
     ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path
+    # A new session, so that a timeout kills the workers too, not only torchrun.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
     )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun timed out after {timeout} s:\n{out[-3000:]}\n{err[-5000:]}")
     if proc.returncode != 0:
-        pytest.fail(
-            f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        )
-    records = [
-        json.loads(line[len("RESULT") :])
-        for line in proc.stdout.splitlines()
-        if line.startswith("RESULT")
-    ]
-    assert len(records) == nproc, proc.stdout
-    return sorted(records, key=lambda r: r["rank"])
+        pytest.fail(f"torchrun failed ({proc.returncode}):\n{out[-3000:]}\n{err[-5000:]}")
+    return [json.loads((tmp_path / f"result_{r}.json").read_text()) for r in range(nproc)]

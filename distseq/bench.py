@@ -1,0 +1,122 @@
+"""``distseq bench memory``: activation memory and step time of one training step per backend.
+
+Numbers, not pass/fail: compare rows of one run (chunked / none), since the machine is noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from distseq.config import BackboneConfig, Backend, HeadConfig, MemoryConfig, ModelConfig, Norm
+from distseq.measure import SavedTensorBytes, peak_memory
+from distseq.memory import apply_memory_policy
+from distseq.model import VideoModel, build_model
+
+CLASSES = 7
+MIB = 2**20
+
+
+def _model_config(backbone: str) -> ModelConfig:
+    return ModelConfig(
+        backbone=BackboneConfig(name=backbone, norm=Norm.groupnorm), head=HeadConfig()
+    )
+
+
+def _floor_bytes(
+    backbone: str, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor, chunk: int
+) -> int:
+    """What chunking cannot avoid, measured: the features and the RNN's saved state over all
+    T frames, plus the saved activations of one chunk through the plain, unchunked CNN."""
+    with torch.no_grad():
+        feats = model.encoder(frames, mask)
+    feats.requires_grad_(True)
+    with SavedTensorBytes() as head:
+        model.head(feats, mask)
+    plain = build_model(_model_config(backbone), CLASSES).encoder.to(frames.device)
+    with SavedTensorBytes() as one_chunk:
+        plain(frames[:, :chunk], mask[:, :chunk])
+    return feats.numel() * feats.element_size() + head.bytes + one_chunk.bytes
+
+
+@dataclass
+class Record:
+    backbone: str
+    backend: str
+    frames: int
+    size: int
+    chunk: int
+    peak_bytes: int  # tensor memory over the whole step, above what was allocated before it
+    saved_bytes: int  # tensors autograd keeps from forward to backward (outside recompute)
+    floor_bytes: int
+    step_seconds: float
+    device: str
+
+
+def bench_case(
+    backbone: str, backend: Backend, frames: int, size: int, chunk: int, device: torch.device
+) -> Record:
+    torch.manual_seed(0)
+    model = apply_memory_policy(
+        build_model(_model_config(backbone), CLASSES),
+        MemoryConfig(backend=backend, chunk_frames=chunk),
+    ).to(device)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (1, frames, 3, size, size), generator=g, dtype=torch.uint8).to(device)
+    mask = torch.ones(1, frames, dtype=torch.bool, device=device)
+    labels = torch.randint(0, CLASSES, (1, frames), generator=g).to(device)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x, mask).flatten(0, 1), labels.flatten())
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # warm-up: allocator, thread pools, cuDNN autotuning
+    with SavedTensorBytes() as saved:
+        loss = F.cross_entropy(model(x, mask).flatten(0, 1), labels.flatten())
+    del loss
+    peak = peak_memory(step, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    floor = _floor_bytes(backbone, model, x, mask, chunk)
+    return Record(
+        backbone, backend.value, frames, size, chunk, peak, saved.bytes, floor, seconds, str(device)
+    )
+
+
+def bench_memory(args: argparse.Namespace) -> list[Record]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    records = []
+    if not args.json:
+        print(f"{args.backbone}+LSTM, {args.size}px, chunk {args.chunk}, one sequence, {device}")
+        print(
+            f"{'T':>6} {'backend':>10} {'peak MiB':>10} {'saved MiB':>10} {'floor MiB':>10} "
+            f"{'step s':>8} {'peak/first':>10} {'time/first':>10}"
+        )
+    for frames in args.frames:
+        first: Record | None = None
+        for name in args.backends:
+            rec = bench_case(args.backbone, Backend(name), frames, args.size, args.chunk, device)
+            records.append(rec)
+            if args.json:
+                print(json.dumps(asdict(rec)), flush=True)
+                continue
+            first = first or rec
+            print(
+                f"{frames:>6} {name:>10} {rec.peak_bytes / MIB:>10.1f} "
+                f"{rec.saved_bytes / MIB:>10.1f} {rec.floor_bytes / MIB:>10.1f} "
+                f"{rec.step_seconds:>8.2f} {rec.peak_bytes / first.peak_bytes:>10.3f} "
+                f"{rec.step_seconds / first.step_seconds:>10.2f}",
+                flush=True,
+            )
+    return records

@@ -1,0 +1,118 @@
+"""The command line as users run it: config errors, and a real 2-rank training run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from conftest import REPO, free_port
+from distseq.synthetic import write_synthetic
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def distseq(*args: str, cwd: Path, torchrun: int = 0) -> subprocess.CompletedProcess[str]:
+    launcher = [sys.executable, "-m"]
+    if torchrun:
+        launcher += [
+            "torch.distributed.run",
+            f"--nproc_per_node={torchrun}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            "-m",
+        ]
+    return subprocess.run(
+        [*launcher, "distseq", *args], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shards")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torchvision's JPEG codec notice
+        write_synthetic(
+            out,
+            train_sequences=8,
+            val_sequences=3,
+            min_frames=9,
+            max_frames=12,
+            size=32,
+            phases=3,
+            seed=0,
+            sequences_per_shard=2,
+        )
+    return out
+
+
+def tiny_config(tmp_path: Path, shards: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(f"""
+data:
+  train: {shards}/train-{{000000..000003}}.tar
+  val: {shards}/val-{{000000..000001}}.tar
+  frames: 8
+  size: 32
+  batch_size: 2
+  num_workers: 0
+model:
+  backbone: {{name: resnet18}}
+  head: {{hidden: 16}}
+memory: {{chunk_frames: 3}}
+train: {{steps: 3, log_every: 1, out_dir: {tmp_path / "run"}}}
+""")
+    return path
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("memory.chunk_size=4", "memory.chunk_size"),  # unknown key
+        ("data.frames=many", "data.frames"),  # wrong type
+        ("memory.chunk_frames=0", "memory.chunk_frames"),  # out of range
+        ("memory.backend=fsdp1", "memory.backend"),  # not a choice
+        ("model.backbone.name=resnet7", "model.backbone.name"),
+        ("model.backbone.weights=/nonexistent.pth", "model.backbone.weights"),
+    ],
+)
+def test_config_errors_name_the_key_and_exit_2(
+    override: str, key: str, tmp_path: Path, shards: Path
+) -> None:
+    proc = distseq("train", str(tiny_config(tmp_path, shards)), override, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    proc = distseq("train", str(tmp_path / "nope.yaml"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_torchrun_fsdp_training_run(tmp_path: Path, shards: Path) -> None:
+    proc = distseq("train", str(tiny_config(tmp_path, shards)), cwd=tmp_path, torchrun=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [
+        json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["loss"] > 0 and r["frames_per_s"] > 0 for r in steps)
+    val = [r["val_accuracy"] for r in records if "val_accuracy" in r]
+    assert len(val) == 1 and 0.0 <= val[0] <= 1.0
+    ckpt = tmp_path / "run/checkpoints"
+    assert (ckpt / "latest").read_text().strip() == "step_00000003"
+    # the sharded checkpoint holds the whole model: read it back without any process group
+    meta = dcp.FileSystemReader(str(ckpt / "step_00000003")).read_metadata()
+    keys = set(meta.state_dict_metadata)
+    assert "model.encoder.encoder.cnn.conv1.weight" in keys and "model.head.classifier.bias" in keys
+    assert torch.Size(meta.state_dict_metadata["model.head.classifier.bias"].size) == (3,)
