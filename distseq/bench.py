@@ -36,10 +36,10 @@ def _floor_bytes(
     with torch.no_grad():
         feats = model.encoder(frames, mask)
     feats.requires_grad_(True)
-    with SavedTensorBytes() as head:
+    with SavedTensorBytes(exclude=model.parameters()) as head:
         model.head(feats, mask)
     plain = build_model(_model_config(backbone), CLASSES).encoder.to(frames.device)
-    with SavedTensorBytes() as one_chunk:
+    with SavedTensorBytes(exclude=plain.parameters()) as one_chunk:
         plain(frames[:, :chunk], mask[:, :chunk])
     return feats.numel() * feats.element_size() + head.bytes + one_chunk.bytes
 
@@ -52,8 +52,8 @@ class Record:
     size: int
     chunk: int
     peak_bytes: int  # tensor memory over the whole step, above what was allocated before it
-    saved_bytes: int  # tensors autograd keeps from forward to backward (outside recompute)
-    floor_bytes: int
+    saved_bytes: int  # activations autograd keeps for backward, outside recompute; no parameters
+    floor_bytes: int  # T x (features + RNN saved state) + one chunk's full CNN activations
     step_seconds: float
     device: str
 
@@ -77,7 +77,7 @@ def bench_case(
         model.zero_grad(set_to_none=True)
 
     step()  # warm-up: allocator, thread pools, cuDNN autotuning
-    with SavedTensorBytes() as saved:
+    with SavedTensorBytes(exclude=model.parameters()) as saved:
         loss = F.cross_entropy(model(x, mask).flatten(0, 1), labels.flatten())
     del loss
     peak = peak_memory(step, device)

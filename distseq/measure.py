@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -35,13 +35,15 @@ class SavedTensorBytes:
     """Count the bytes of tensors that autograd saves for backward inside the block.
 
     Each storage is counted once, however many tensors or views of it are saved, so the number is
-    the memory the saved tensors keep alive. Parameters and inputs that are saved count too.
+    the memory the saved tensors keep alive. Inputs that are saved count too; so do parameters,
+    unless passed as ``exclude`` (to count activations only).
     Under non-reentrant checkpointing only what is saved outside the recompute is seen, so this
     is not the peak: use :func:`peak_memory` for that.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
         self.bytes = 0
+        self._excluded = {(s.device, s.data_ptr()) for t in exclude for s in _storages(t)}
         # Keyed by address, with a weak ref so that a storage freed and its address reused
         # inside the block (e.g. after a backward) is counted as the new storage it is.
         self._seen: dict[tuple[torch.device, int], StorageWeakRef] = {}
@@ -51,6 +53,8 @@ class SavedTensorBytes:
         if t.device.type != "meta":  # meta tensors own no memory and all share address 0
             for s in _storages(t):
                 key = (s.device, s.data_ptr())
+                if key in self._excluded:
+                    continue
                 ref = self._seen.get(key)
                 # StorageWeakRef is untyped in torch's source.
                 if ref is None or ref.expired():  # type: ignore[no-untyped-call, unused-ignore]

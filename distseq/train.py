@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -151,7 +152,14 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
 
     stream = data.train_batches(cfg.data, seed=cfg.train.seed)
     metrics: dict[str, float] = {}
-    bar = tqdm(total=cfg.train.steps, desc="train", disable=not info.is_main, dynamic_ncols=True)
+    # Redraws are for terminals; in a log file each one is a line, so write one every 30 s.
+    bar = tqdm(
+        total=cfg.train.steps,
+        desc="train",
+        disable=not info.is_main,
+        dynamic_ncols=True,
+        mininterval=0.5 if sys.stderr.isatty() else 30.0,
+    )
     for step in range(1, cfg.train.steps + 1):
         batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
         start = time.perf_counter()
