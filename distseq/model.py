@@ -61,7 +61,13 @@ def _load_weights(cnn: nn.Module, path: str) -> None:
         raise ConfigError(
             f"model.backbone.weights {file}: expected a state_dict, got {type(state)}"
         )
-    result = cnn.load_state_dict(state, strict=False)
+    try:
+        result = cnn.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatches; the first line names the first offender
+        detail = [line.strip() for line in str(e).splitlines() if line.strip()][1:2]
+        raise ConfigError(
+            f"model.backbone.weights {file}: does not fit the model: {detail}"
+        ) from None
     if result.missing_keys or result.unexpected_keys:
         bad = (result.missing_keys + result.unexpected_keys)[:3]
         raise ConfigError(f"model.backbone.weights {file}: keys do not match the model, e.g. {bad}")

@@ -116,3 +116,12 @@ def test_torchrun_fsdp_training_run(tmp_path: Path, shards: Path) -> None:
     keys = set(meta.state_dict_metadata)
     assert "model.encoder.encoder.cnn.conv1.weight" in keys and "model.head.classifier.bias" in keys
     assert torch.Size(meta.state_dict_metadata["model.head.classifier.bias"].size) == (3,)
+
+
+def test_demo_runs_end_to_end_and_reports_both_accuracies(tmp_path: Path) -> None:
+    # The README's first command, shortened: the full demo's accuracy is reported in the README.
+    proc = distseq("demo", "--out", str(tmp_path / "demo"), "train.steps=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CNN alone (per frame)" in proc.stdout and "CNN+LSTM, end to end" in proc.stdout
+    for run in ("cnn_only", "cnn_rnn"):
+        assert (tmp_path / "demo" / run / "checkpoints" / "latest").is_file()

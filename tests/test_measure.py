@@ -38,6 +38,14 @@ def test_saved_bytes_known_graph() -> None:
         assert torch.equal(w.grad, x.detach().sum(0))  # type: ignore[arg-type]
 
 
+def test_saved_bytes_can_exclude_parameters() -> None:
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(4))
+    with SavedTensorBytes(exclude=[w]) as saved:
+        (x * w).sum()
+    assert saved.bytes == x.nbytes == 48
+
+
 def test_saved_bytes_deduplicates_by_storage() -> None:
     x = torch.randn(3, 4, requires_grad=True)
     with SavedTensorBytes() as saved:

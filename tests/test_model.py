@@ -1,0 +1,74 @@
+"""Backbones, norm policies, local weights, and what the temporal head may and may not see."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from conftest import random_batch, tiny_model
+from distseq.config import BackboneConfig, ConfigError, Norm
+from distseq.model import build_backbone
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "convnext_tiny", "efficientnet_b0"])
+@pytest.mark.parametrize("norm", ["groupnorm", "frozen_bn", "batchnorm"])
+def test_backbones_and_norm_policies(name: str, norm: str) -> None:
+    model = tiny_model("torch", chunk=3, backbone=name, norm=norm).eval()
+    batch = random_batch(2, 4, lengths=[4, 2])
+    with torch.no_grad():
+        logits = model(batch.frames, batch.mask)
+    assert logits.shape == (2, 4, 3) and torch.isfinite(logits).all()
+    has_bn = any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert has_bn == (norm == "batchnorm" and name != "convnext_tiny")  # ConvNeXt has LayerNorm
+
+
+def test_local_weights_are_loaded_and_nothing_is_fetched(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    reference = torchvision.models.resnet18()
+    path = tmp_path / "resnet18.pth"
+    torch.save(reference.state_dict(), path)
+    encoder = build_backbone(
+        BackboneConfig(name="resnet18", weights=str(path), norm=Norm.frozen_bn)
+    )
+    assert torch.equal(encoder.cnn.conv1.weight, reference.conv1.weight)
+    # frozen BN carries the file's statistics
+    assert torch.equal(encoder.cnn.bn1.running_var, reference.bn1.running_var)
+
+
+def test_weights_for_another_architecture_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "resnet50.pth"
+    torch.save(torchvision.models.resnet50().state_dict(), path)
+    with pytest.raises(ConfigError, match=r"resnet50\.pth: does not fit"):
+        build_backbone(BackboneConfig(name="resnet18", weights=str(path)))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_head_sees_the_past_only_unless_bidirectional(bidirectional: bool) -> None:
+    model = tiny_model("torch", chunk=3, bidirectional=bidirectional).eval()
+    batch = random_batch(1, 8)
+    later = batch.frames.clone()
+    later[:, 5:] = 255 - later[:, 5:]
+    with torch.no_grad():
+        before = model(batch.frames, batch.mask)
+        after = model(later, batch.mask)
+    past_changed = not torch.allclose(before[:, :5], after[:, :5])
+    assert past_changed == bidirectional
+    assert not torch.allclose(before[:, 5:], after[:, 5:])
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_padding_does_not_leak_into_real_frames(bidirectional: bool) -> None:
+    model = tiny_model("torch", chunk=3, bidirectional=bidirectional).eval()
+    batch = random_batch(1, 9, lengths=[6])
+    noisy = batch.frames.clone()
+    noisy[:, 6:] = 0
+    with torch.no_grad():
+        a = model(batch.frames, batch.mask)[:, :6]
+        b = model(noisy, batch.mask)[:, :6]
+        alone = model(batch.frames[:, :6], batch.mask[:, :6])
+    assert torch.equal(a, b)
+    assert torch.allclose(a, alone, atol=1e-6)
