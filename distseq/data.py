@@ -49,7 +49,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2.functional import resize
 
-from distseq.config import DataConfig, OnError
+from distseq.config import ConfigError, DataConfig, OnError
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def _parse_manifest(doc: Any, where: str) -> Manifest:
 def _expand(urls: str, key: str) -> list[str]:
     expanded = wds.shardlists.expand_urls(urls) if urls else []
     if not expanded:
-        raise DataError(f"{key} is empty: no shards given")
+        raise ConfigError(f"config key {key}: empty, no shards given")
     return expanded
 
 
@@ -188,7 +188,9 @@ def load_manifest(cfg: DataConfig) -> Manifest:
     else:
         first = _local_path(_expand(cfg.train, "data.train")[0])
         if first is None:
-            raise DataError(f"data.manifest must be set for remote shards ({cfg.train})")
+            raise ConfigError(
+                f"config key data.manifest: must be set for remote shards ({cfg.train})"
+            )
         path = first.parent / "index.json"
     try:
         doc = json.loads(path.read_text())

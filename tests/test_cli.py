@@ -81,6 +81,7 @@ train: {{steps: 3, log_every: 1, out_dir: {tmp_path / "run"}}}
         ("memory.backend=fsdp1", "memory.backend"),  # not a choice
         ("model.backbone.name=resnet7", "model.backbone.name"),
         ("model.backbone.weights=/nonexistent.pth", "model.backbone.weights"),
+        ("data.train=", "data.train"),  # no shards at all
     ],
 )
 def test_config_errors_name_the_key_and_exit_2(
