@@ -87,9 +87,9 @@ def parallelize(model: VideoModel, cfg: ParallelConfig, info: DistInfo) -> nn.Mo
     # The encoder is sharded as the one unit that owns the chunk loop: its parameters are
     # gathered once per forward and once per backward, however many chunks and recomputes run.
     fully_shard(model.encoder, mp_policy=mp)
-    # The head is one unit (RNN + classifier): nn.LSTM sharded on its own returns views of its
-    # output buffer, which FSDP2 warns about on every forward because an in-place op on such a
-    # view would skip the pre-backward all-gather. The head's output is a fresh tensor.
+    # The head is one unit (RNN + classifier): a batch_first nn.LSTM sharded on its own returns a
+    # transposed view, which FSDP2 warns about on every forward (an in-place op on such a view
+    # would skip the pre-backward all-gather). The head's output is a fresh tensor.
     fully_shard(model.head, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model
