@@ -1,29 +1,374 @@
-"""Sharded training state on disk, written with ``torch.distributed.checkpoint``.
+"""Training state on disk: sharded with ``torch.distributed.checkpoint``, published atomically.
 
-Every rank writes its own shards, so saving never gathers the full model on one rank.
-``latest`` names the newest complete checkpoint and is replaced only after the save finished.
+Layout under ``<train.out_dir>/checkpoints``::
+
+    latest                   "step_00000400": the newest complete checkpoint
+    step_00000400/
+        .metadata            DCP: model and optimizer (FSDP2 DTensors, DDP or plain modules);
+        __<rank>_0.distcp    every rank writes its own shards, nothing is gathered on one rank
+        meta.json            position (step, batches consumed per rank, seed), world size,
+                             LR schedule, classes, config, last metrics (written by rank 0)
+        rng_rank<r>.pt       rank r's RNG states: python, numpy, torch CPU, CUDA
+    step_00000600.tmp/       a save in progress or a killed one: never read, removed by the
+                             next save
+
+A save fills ``step_N.tmp``; once every rank is done, rank 0 renames it to ``step_N`` and only
+then replaces ``latest``. A process killed at any moment therefore leaves ``latest`` naming a
+complete checkpoint. Loading goes through ``get_state_dict``/``set_state_dict``, so DCP reshards:
+a checkpoint saved by N ranks loads on any number of ranks. On several nodes, ``out_dir`` must be
+on a filesystem that all of them share.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import random
+import re
+import shutil
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from distseq.config import Config
+
+FORMAT = 1
+_STEP_RE = re.compile(r"step_(\d{8})")
 
 
-def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: Optimizer) -> Path:
-    path = root / f"step_{step:08d}"
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+class TrainingError(RuntimeError):
+    """The run cannot go on; the message is one line.
+
+    Defined here rather than in ``distseq.train`` (which re-exports it) so that checkpoint
+    errors are training errors without an import cycle.
+    """
+
+
+@dataclass(frozen=True)
+class Position:
+    """How far a run has got; the data stream is deterministic, so this locates it exactly."""
+
+    step: int = 0  # optimizer steps taken
+    batches: int = 0  # training batches each rank has consumed
+    seed: int = 0  # of the data stream
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint restores in place, and what it must match."""
+
+    model: nn.Module
+    optimizer: Optimizer
+    schedule: LRScheduler
+    config: Config
+    classes: list[str]
+
+
+@dataclass(frozen=True)
+class Resumed:
+    path: Path
+    position: Position
+    world: int  # ranks that saved it
+    metrics: dict[str, float]  # as at the saved step
+
+
+def _rank_world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        tmp = root / "latest.tmp"
-        tmp.write_text(path.name + "\n")
-        os.replace(tmp, root / "latest")
+
+
+def _notice(message: str) -> None:
+    if _rank_world()[0] == 0:
+        print(f"distseq: {message}", file=sys.stderr, flush=True)
+
+
+def _first_line(error: BaseException) -> str:
+    if isinstance(error, CheckpointException):  # one error per failed rank, with tracebacks
+        error = next(iter(error.failures.values()))[0]
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def unreadable(what: str, path: Path, error: BaseException) -> TrainingError:
+    return TrainingError(f"{what} {path} is unreadable: {_first_line(error)}")
+
+
+def _config_dict(cfg: Config) -> dict[str, Any]:
+    container = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    assert isinstance(container, dict)
+    return container  # type: ignore[return-value]
+
+
+@contextmanager
+def _single_process_is_fine() -> Iterator[None]:
+    """DCP warns on every call without a process group, which here is an intended case."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    # fsync before the rename that publishes it: after a node crash, a renamed file whose data
+    # never reached the disk reads back empty.
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def _rng_state() -> dict[str, Any]:
+    # Plain ints, lists and tensors only, so that torch.load(weights_only=True) reads it back.
+    numpy = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {**numpy, "state": {**numpy["state"], "key": numpy["state"]["key"].tolist()}},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    numpy = state["numpy"]
+    key = np.array(numpy["state"]["key"], dtype=np.uint32)
+    np.random.set_state({**numpy, "state": {**numpy["state"], "key": key}})
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _reseed(seed: int, rank: int, step: int) -> None:
+    derived = random.Random(f"distseq-rng:{seed}:{rank}:{step}").getrandbits(32)
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)  # seeds CUDA too
+
+
+def save_checkpoint(
+    root: Path,
+    state: TrainState,
+    position: Position,
+    metrics: dict[str, float],
+    keep_last: int,
+) -> Path:
+    """Write this rank's part of the checkpoint at ``position``; every rank must call this."""
+    rank, world = _rank_world()
+    final = _step_dir(root, position.step)
+    tmp = final.with_name(final.name + ".tmp")
+    if rank == 0:
+        _remove_partial(root)
+        tmp.mkdir(parents=True)
+    _barrier()
+    buffer = io.BytesIO()
+    torch.save(_rng_state(), buffer)
+    _write_durably(tmp / f"rng_rank{rank}.pt", buffer.getvalue())
+    model_state, optim_state = get_state_dict(state.model, state.optimizer)
+    try:
+        with _single_process_is_fine():
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)  # fsyncs
+    except (Exception, CheckpointException) as e:  # DCP raises the same on every rank
+        raise TrainingError(f"checkpoint {tmp} could not be written: {_first_line(e)}") from None
+    if rank == 0:
+        meta = {
+            "format": FORMAT,
+            "position": vars(position),
+            "world": world,
+            "schedule": state.schedule.state_dict(),
+            "classes": state.classes,
+            "config": _config_dict(state.config),
+            "metrics": metrics,
+        }
+        _write_durably(tmp / "meta.json", json.dumps(meta, indent=1).encode())
+    _barrier()  # every rank's shards and RNG file are complete
+    if rank == 0:
+        _publish(root, tmp, final)
+        _prune(root, position.step, keep_last)
+    _barrier()  # on return, ``latest`` names this checkpoint for every rank
+    return final
+
+
+def _remove_partial(root: Path) -> None:
+    """Leftovers of a killed save: ``step_N.tmp`` directories and ``latest.tmp``."""
+    for path in root.glob("*.tmp"):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _publish(root: Path, tmp: Path, final: Path) -> None:
+    if final.exists():  # saved by a run that was killed before it could update ``latest``
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    pointer = root / "latest.tmp"
+    _write_durably(pointer, f"{final.name}\n".encode())
+    os.replace(pointer, root / "latest")
+
+
+def _prune(root: Path, step: int, keep_last: int) -> None:
+    steps = sorted(int(m[1]) for p in root.iterdir() if (m := _STEP_RE.fullmatch(p.name)))
+    # Checkpoints after ``step`` belong to a run killed before it published them, which this
+    # run has replaced.
+    keep = [s for s in steps if s <= step][-keep_last:]
+    for s in steps:
+        if s not in keep:
+            shutil.rmtree(_step_dir(root, s))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint ``root/latest`` names, or None when nothing was saved yet."""
+    pointer = root / "latest"
+    if not pointer.exists():
+        return None
+    try:
+        name = pointer.read_text().strip()
+    except OSError as e:
+        raise TrainingError(f"checkpoint pointer {pointer} is unreadable: {e}") from None
+    path = root / name
+    if not _STEP_RE.fullmatch(name) or not (path / "meta.json").is_file():
+        raise TrainingError(f"checkpoint pointer {pointer} names {name!r}, not a checkpoint")
     return path
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint directory from a run directory, its ``checkpoints/``, a ``latest`` pointer
+    or the checkpoint directory itself."""
+    if path.name == "latest" and path.is_file():
+        path = path.parent
+    if (path / "checkpoints").is_dir():
+        path = path / "checkpoints"
+    found = latest_checkpoint(path)
+    if found is not None:
+        return found
+    if (path / "meta.json").is_file():
+        return path
+    raise TrainingError(
+        f"no checkpoint at {path}: expected a run directory, its checkpoints/ or a step_N directory"
+    )
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        if meta["format"] != FORMAT:
+            raise ValueError(f"format {meta['format']}, this distseq reads format {FORMAT}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise unreadable("checkpoint", path, e) from None
+    return meta
+
+
+def load_sharded(state: dict[str, Any], path: Path) -> None:
+    """Fill ``state``'s tensors in place from the DCP checkpoint at ``path``, resharding."""
+    try:
+        with _single_process_is_fine():
+            dcp.load(state, checkpoint_id=path)
+    except (Exception, CheckpointException) as e:  # DCP raises the same on every rank
+        raise unreadable("checkpoint", path, e) from None
+
+
+# Keys that may change between legs of one run: the weights file only initialises the model,
+# and stop_after is how a leg ends.
+_FREE_KEYS = {"model.backbone.weights", "train.stop_after"}
+
+
+def _differences(saved: Any, now: Any, key: str) -> list[tuple[str, str]]:
+    """(key, how it differs) for each leaf that differs, the free keys aside."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        keys = sorted(saved.keys() | now.keys())
+        return [d for k in keys for d in _differences(saved.get(k), now.get(k), f"{key}.{k}")]
+    if saved == now or key in _FREE_KEYS:
+        return []
+    return [(key, f"{key}={saved!r} in the checkpoint, {now!r} now")]
+
+
+def _check_compatible(path: Path, meta: dict[str, Any], state: TrainState) -> None:
+    saved, now = meta["config"], _config_dict(state.config)
+    model = _differences(saved["model"], now["model"], "model")
+    model += _differences(meta["classes"], state.classes, "classes")
+    if model:
+        raise TrainingError(
+            f"checkpoint {path} holds a different model ({model[0][1]}); "
+            "resume with the same model and classes, or use a new train.out_dir"
+        )
+    others = [key for k in now for key, _ in _differences(saved.get(k), now[k], k)]
+    if others:
+        _notice(
+            f"config keys changed since {path.name}: {', '.join(others)}; optimizer "
+            "hyperparameters (lr, weight decay) stay as saved, the LR schedule follows the new "
+            "train.steps and optim.warmup_steps"
+        )
+
+
+def load_checkpoint(path: Path, state: TrainState) -> Resumed:
+    """Restore model, optimizer and schedule in place; every rank must call this.
+
+    RNG states are restored separately, by :func:`restore_rng`, once everything that draws
+    random numbers while setting up the run has done so.
+    """
+    meta = read_meta(path)
+    _check_compatible(path, meta, state)
+    model_state, optim_state = get_state_dict(state.model, state.optimizer)
+    load_sharded({"model": model_state, "optim": optim_state}, path)
+    set_state_dict(
+        state.model, state.optimizer, model_state_dict=model_state, optim_state_dict=optim_state
+    )
+    state.schedule.load_state_dict(meta["schedule"])
+    position = Position(**meta["position"])
+    _notice(f"resuming from {path} at step {position.step}")
+    return Resumed(path, position, meta["world"], meta["metrics"])
+
+
+def restore_rng(resumed: Resumed) -> None:
+    """Put back this rank's RNG states, as the saving run had them after the saved step.
+
+    A rank the saving run did not have (more ranks now than then) re-seeds deterministically
+    from (seed, rank, step). With another world size the data each rank reads differs anyway,
+    so such a run continues sensibly but is not the run that was saved.
+    """
+    rank, world = _rank_world()
+    position = resumed.position
+    if world != resumed.world:
+        reseeded = (
+            f"; ranks {resumed.world} and up re-seed their RNG from seed, rank and step"
+            if world > resumed.world
+            else ""
+        )
+        _notice(
+            f"{resumed.path} was saved with world size {resumed.world}, resuming with {world}: "
+            f"data order and random draws differ from the saved run{reseeded}"
+        )
+    if rank >= resumed.world:
+        _reseed(position.seed, rank, position.step)
+        return
+    file = resumed.path / f"rng_rank{rank}.pt"
+    try:
+        state = torch.load(file, weights_only=True)
+    except Exception as e:  # a missing or corrupt file: any error torch.load raises
+        raise unreadable("checkpoint", file, e) from None
+    _set_rng_state(state)

@@ -1,4 +1,4 @@
-"""``distseq`` command line: train, demo, shard, bench."""
+"""``distseq`` command line: train, demo, shard, export, bench."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="where data and runs go")
     demo.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
 
-    from distseq import shard
+    from distseq import export, shard
 
     shard.add_parser(sub)
+    export.add_parser(sub)
 
     bench = sub.add_parser("bench", help="print benchmark numbers")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -52,10 +53,14 @@ def _run(args: argparse.Namespace) -> None:
         from distseq.demo import run_demo
 
         run_demo(args.out, args.overrides)
-    elif args.command == "shard":
-        from distseq.shard import run
+    elif args.command == "export":
+        from distseq.export import run as export_run
 
-        run(args)
+        export_run(args)
+    elif args.command == "shard":
+        from distseq.shard import run as shard_run
+
+        shard_run(args)
     elif args.command == "bench" and args.bench == "memory":
         from distseq.bench import bench_memory
 

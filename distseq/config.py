@@ -141,11 +141,19 @@ class TrainConfig:
     out_dir: str = "runs/default"
     log_every: int = 10
     eval_every: int = 0  # 0: evaluate only at the end
+    save_every: int = 0  # checkpoint every N steps; 0: only at the end
+    keep_last: int = 3  # checkpoints kept on disk, newest first
+    # Stop (with a checkpoint) after this step, as a preempted job would; the LR schedule still
+    # runs to train.steps, so resuming continues the very same run. 0: run to train.steps.
+    stop_after: int = 0
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", self.steps, "must be >= 1")
         _check(self.log_every >= 1, "train.log_every", self.log_every, "must be >= 1")
         _check(self.eval_every >= 0, "train.eval_every", self.eval_every, "must be >= 0")
+        _check(self.save_every >= 0, "train.save_every", self.save_every, "must be >= 0")
+        _check(self.keep_last >= 1, "train.keep_last", self.keep_last, "must be >= 1")
+        _check(self.stop_after >= 0, "train.stop_after", self.stop_after, "must be >= 0")
 
 
 @dataclass

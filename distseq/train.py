@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -16,7 +17,15 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from distseq import data
-from distseq.checkpoint import save_checkpoint
+from distseq.checkpoint import (
+    Position,
+    TrainingError,
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from distseq.config import Config, OptimConfig, to_yaml
 from distseq.data import Batch
 from distseq.memory import apply_memory_policy
@@ -29,10 +38,6 @@ from distseq.parallel import (
     init_distributed,
     parallelize,
 )
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on; the message is one line."""
 
 
 def build_optimizer(
@@ -106,13 +111,28 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device) -
     return correct / max(total, 1.0)
 
 
+def _recorded_by(line: str, step: int) -> bool:
+    """Whether a metrics line records ``step`` or an earlier one."""
+    try:
+        return int(json.loads(line)["step"]) <= step
+    except (ValueError, KeyError, TypeError):  # a line torn by a killed process
+        return False
+
+
 class MetricsLog:
     """JSON lines on the main rank; other ranks write nothing."""
 
-    def __init__(self, path: Path, enabled: bool) -> None:
+    def __init__(self, path: Path, enabled: bool, after_step: int) -> None:
         self.enabled = enabled
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # A resumed run trains the steps after its checkpoint again: drop their records
+            # (and a fresh run's stale ones) so that the log reads as one uninterrupted run.
+            lines = path.read_text().splitlines() if path.exists() else []
+            kept = [line for line in lines if _recorded_by(line, after_step)]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
             self.file = path.open("a")
 
     def write(self, record: Mapping[str, object]) -> None:
@@ -139,7 +159,6 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(to_yaml(cfg))
-    log = MetricsLog(out / "metrics.jsonl", info.is_main)
 
     manifest = data.load_manifest(cfg.data)
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
@@ -149,22 +168,43 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
         info,
     )
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
+    state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
+    checkpoints = out / "checkpoints"
+    latest = latest_checkpoint(checkpoints)
+    resumed = None if latest is None else load_checkpoint(latest, state)
+    position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
+    metrics = {} if resumed is None else resumed.metrics
+    log = MetricsLog(out / "metrics.jsonl", info.is_main, after_step=position.step)
+    stop = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
+    if position.step >= stop:  # nothing left to train, e.g. a finished run launched again
+        return metrics
 
-    stream = data.train_batches(cfg.data, seed=cfg.train.seed)
-    metrics: dict[str, float] = {}
+    stream = data.train_batches(cfg.data, seed=position.seed)
+    # The stream is deterministic for its seed, so reading past the batches already trained on
+    # puts it exactly where the saved run was. Simple and exact, but it decodes them all; a
+    # stream that can seek would be faster.
+    for _ in range(position.batches):
+        next(stream)
+    if resumed is not None:
+        # Only now: starting the loader above drew its workers' base seed from torch's RNG, as
+        # the uninterrupted run did at its first step.
+        restore_rng(resumed)
+
+    first = position.step + 1
     # Redraws are for terminals; in a log file each one is a line, so write one every 30 s.
     bar = tqdm(
         total=cfg.train.steps,
+        initial=position.step,
         desc="train",
         disable=not info.is_main,
         dynamic_ncols=True,
         mininterval=0.5 if sys.stderr.isatty() else 30.0,
     )
-    for step in range(1, cfg.train.steps + 1):
+    for step in range(first, stop + 1):
         batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
         start = time.perf_counter()
         loss, frames = train_step(model, optimizer, batches, info.world)
-        if step == 1:
+        if step == first:
             check_every_parameter_has_grad(model)
         grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
         optimizer.step()
@@ -174,6 +214,7 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
         seconds = time.perf_counter() - start
         if not math.isfinite(loss):
             raise TrainingError(f"loss is {loss} at step {step}; lower optim.lr?")
+        position = Position(step, position.batches + len(batches), position.seed)
         metrics = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
         metrics["frames_per_s"] = frames / seconds
         metrics["skipped_samples"] = data.skipped_samples()
@@ -188,6 +229,7 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
             )
             log.write({"step": step, "val_accuracy": metrics["val_accuracy"]})
             bar.write(f"step {step}: val per-frame accuracy {metrics['val_accuracy']:.3f}")
+        if step == stop or (cfg.train.save_every and step % cfg.train.save_every == 0):
+            save_checkpoint(checkpoints, state, position, metrics, cfg.train.keep_last)
     bar.close()
-    save_checkpoint(out / "checkpoints", cfg.train.steps, model, optimizer)
     return metrics

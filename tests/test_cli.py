@@ -117,6 +117,13 @@ def test_torchrun_fsdp_training_run(tmp_path: Path, shards: Path) -> None:
     keys = set(meta.state_dict_metadata)
     assert "model.encoder.encoder.cnn.conv1.weight" in keys and "model.head.classifier.bias" in keys
     assert torch.Size(meta.state_dict_metadata["model.head.classifier.bias"].size) == (3,)
+    # and `distseq export` consolidates it into one file that loads without unpickling code
+    proc = distseq(
+        "export", str(tmp_path / "run"), "--out", str(tmp_path / "model.pt"), cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exported = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert exported["step"] == 3 and exported["model"]["head.classifier.bias"].shape == (3,)
 
 
 def test_demo_runs_end_to_end_and_reports_both_accuracies(tmp_path: Path) -> None:
