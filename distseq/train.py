@@ -218,10 +218,14 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
         metrics = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
         metrics["frames_per_s"] = frames / seconds
         metrics["skipped_samples"] = data.skipped_samples()
+        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)  # a refresh per step floods logs
         bar.update()
-        bar.set_postfix(loss=f"{loss:.4f}")
         if step % cfg.train.log_every == 0 or step == cfg.train.steps:
             log.write(metrics)
+            bar.write(
+                f"step {step}: loss {loss:.4f}  lr {lr:.2e}  grad_norm {grad_norm:.3f}  "
+                f"{metrics['frames_per_s']:.0f} frames/s"
+            )
         last = step == cfg.train.steps
         if cfg.data.val and (last or (cfg.train.eval_every and step % cfg.train.eval_every == 0)):
             metrics["val_accuracy"] = evaluate(
