@@ -361,10 +361,14 @@ cmd_up() {
         slurmd -N "$NODE" >>"$DIR/log/start.log" 2>&1 || fail "slurmd failed to start"
     fi
 
-    local deadline=$((SECONDS + TIMEOUT)) state="" resumed=0
+    local deadline=$((SECONDS + TIMEOUT)) state="" resumed=0 started=$SECONDS
     while ((SECONDS < deadline)); do
-        slurmctld_pid >/dev/null || fail "slurmctld exited"
-        slurmd_pid >/dev/null || fail "slurmd exited"
+        # The daemons fork and write their pid files a moment after the launcher returns, so a
+        # missing pid only means "exited" once they have had a few seconds.
+        if ((SECONDS - started > 5)); then
+            slurmctld_pid >/dev/null || fail "slurmctld exited"
+            slurmd_pid >/dev/null || fail "slurmd exited"
+        fi
         state=$(node_state)
         case $state in
             idle | mixed | allocated)

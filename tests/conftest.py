@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,47 @@ from distseq.config import (
 from distseq.data import IGNORE_INDEX, Batch
 from distseq.memory import apply_memory_policy
 from distseq.model import VideoModel, build_model
+from distseq.synthetic import write_synthetic
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shards")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torchvision's JPEG codec notice
+        write_synthetic(
+            out,
+            train_sequences=8,
+            val_sequences=3,
+            min_frames=9,
+            max_frames=12,
+            size=32,
+            phases=3,
+            seed=0,
+            sequences_per_shard=2,
+        )
+    return out
+
+
+def tiny_config(tmp_path: Path, shards: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(f"""
+data:
+  train: {shards}/train-{{000000..000003}}.tar
+  val: {shards}/val-{{000000..000001}}.tar
+  frames: 8
+  size: 32
+  batch_size: 2
+  num_workers: 0
+model:
+  backbone: {{name: resnet18}}
+  head: {{hidden: 16}}
+memory: {{chunk_frames: 3}}
+train: {{steps: 3, log_every: 1, out_dir: {tmp_path / "run"}}}
+""")
+    return path
 
 
 def tiny_model(
@@ -79,40 +120,38 @@ def report(record: dict) -> None:
     Path(f"result_{rank}.json").write_text(json.dumps({"rank": rank, **record}))
 
 
-def torchrun(
-    script: str, nproc: int, tmp_path: Path, *args: str, timeout: float = 300
-) -> list[dict]:
-    """Run ``script`` under a real ``torchrun --nproc_per_node=nproc`` (gloo, CPU) in tmp_path.
+def launch_torchrun(
+    script: Path,
+    nproc: int,
+    cwd: Path,
+    *args: str,
+    launcher_args: Sequence[str] = (),
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """A real ``torchrun --nproc_per_node=nproc script args`` (gloo, CPU) in ``cwd``.
 
-    Each rank calls :func:`report`; the records come back in rank order.
+    ``launcher_args`` replace the default rendezvous on a free local port. On a timeout the
+    workers are killed with the launcher (they run in a session of their own) and the result has
+    return code -9.
     """
-    path = tmp_path / f"script_{nproc}.py"
-    path.write_text(textwrap.dedent(script))
-    for old in tmp_path.glob("result_*.json"):
-        old.unlink()
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
+        # A restarted group must not share the store of the group it replaces: there it can
+        # read the dead ranks' gloo addresses and fail or hang connecting (pytorch#135712).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        str(path),
-        *args,
-    ]
-    # A new session, so that a timeout kills the workers too, not only torchrun.
+    rendezvous = list(launcher_args) or ["--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    cmd += [*rendezvous, str(script), *args]
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         start_new_session=True,
     )
     try:
@@ -120,7 +159,24 @@ def torchrun(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"torchrun timed out after {timeout} s:\n{out[-3000:]}\n{err[-5000:]}")
+        err += f"\ntimed out after {timeout} s"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def torchrun(
+    script: str, nproc: int, tmp_path: Path, *args: str, timeout: float = 300
+) -> list[dict]:
+    """Run the source ``script`` under torchrun in tmp_path; it must succeed.
+
+    Each rank calls :func:`report`; the records come back in rank order.
+    """
+    path = tmp_path / f"script_{nproc}.py"
+    path.write_text(textwrap.dedent(script))
+    for old in tmp_path.glob("result_*.json"):
+        old.unlink()
+    proc = launch_torchrun(path, nproc, tmp_path, *args, timeout=timeout)
     if proc.returncode != 0:
-        pytest.fail(f"torchrun failed ({proc.returncode}):\n{out[-3000:]}\n{err[-5000:]}")
+        pytest.fail(
+            f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
     return [json.loads((tmp_path / f"result_{r}.json").read_text()) for r in range(nproc)]

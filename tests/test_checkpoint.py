@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,10 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-from test_cli import shards, tiny_config  # noqa: F401  (shards: the fixture reference uses)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import REPO, free_port, random_batch
+from conftest import REPO, free_port, launch_torchrun, random_batch, tiny_config
 from distseq.checkpoint import Position, TrainState, latest_checkpoint, save_checkpoint
 from distseq.config import Config, OptimConfig
 from distseq.export import add_parser, load_exported, run
@@ -101,46 +99,18 @@ def launch(
     """``torchrun`` the training script on the reference's config, writing to ``run_dir``."""
     script = run_dir / "train_script.py"
     script.write_text(SCRIPT)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        f"--max-restarts={restarts}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        str(script),
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}"]
+    return launch_torchrun(
+        script,
+        nproc,
+        run_dir,
         mode,
         str(reference / "tiny.yaml"),
         f"train.out_dir={run_dir}",
         *BASE,
         *overrides,
-    ]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
-        # A restarted group must not share the store of the group it replaces: there it can
-        # read the dead ranks' gloo addresses and fail or hang connecting (pytorch#135712). The
-        # static rendezvous always shares it; c10d does unless told not to.
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    }
-    # A new session, so that a timeout kills the workers too, not only torchrun.
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=run_dir,
-        start_new_session=True,
+        launcher_args=[f"--max-restarts={restarts}", *rendezvous],
     )
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def succeeded(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:

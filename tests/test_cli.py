@@ -6,15 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conftest import REPO, free_port
-from distseq.synthetic import write_synthetic
+from conftest import REPO, free_port, tiny_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
@@ -32,44 +30,6 @@ def distseq(*args: str, cwd: Path, torchrun: int = 0) -> subprocess.CompletedPro
     return subprocess.run(
         [*launcher, "distseq", *args], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=600
     )
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("shards")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torchvision's JPEG codec notice
-        write_synthetic(
-            out,
-            train_sequences=8,
-            val_sequences=3,
-            min_frames=9,
-            max_frames=12,
-            size=32,
-            phases=3,
-            seed=0,
-            sequences_per_shard=2,
-        )
-    return out
-
-
-def tiny_config(tmp_path: Path, shards: Path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(f"""
-data:
-  train: {shards}/train-{{000000..000003}}.tar
-  val: {shards}/val-{{000000..000001}}.tar
-  frames: 8
-  size: 32
-  batch_size: 2
-  num_workers: 0
-model:
-  backbone: {{name: resnet18}}
-  head: {{hidden: 16}}
-memory: {{chunk_frames: 3}}
-train: {{steps: 3, log_every: 1, out_dir: {tmp_path / "run"}}}
-""")
-    return path
 
 
 @pytest.mark.parametrize(

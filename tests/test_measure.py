@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import weakref
 from pathlib import Path
@@ -16,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import launch_torchrun
 from distseq.measure import SavedTensorBytes, peak_memory
 
 CPU = torch.device("cpu")
@@ -243,28 +240,9 @@ os._exit(0)
 def test_collective_counter_sees_fsdp2_and_explicit_collectives(tmp_path: Path) -> None:
     script = tmp_path / "collectives.py"
     script.write_text(textwrap.dedent(_SCRIPT))
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    cmd += ["--standalone", str(script)]  # standalone: a free port, so runs never collide
-    # A session of its own, so that on a hang the workers are killed with the launcher instead
-    # of being left behind holding a rendezvous.
-    with subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,
-    ) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            pytest.fail("2-process run timed out:\n" + stdout[-3000:] + stderr[-3000:])
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    # standalone: a free port, so runs never collide
+    proc = launch_torchrun(script, 2, tmp_path, launcher_args=["--standalone"], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in (0, 1)]
 
     for res in results:
