@@ -1,4 +1,4 @@
-"""``distseq`` command line: train, demo, shard, export, bench."""
+"""``distseq`` command line: train, demo, shard, submit, export, bench."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="where data and runs go")
     demo.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
 
-    from distseq import export, shard
+    from distseq import export, shard, submit
 
     shard.add_parser(sub)
     export.add_parser(sub)
+    submit.add_parser(sub)
 
     bench = sub.add_parser("bench", help="print benchmark numbers")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -53,6 +54,10 @@ def _run(args: argparse.Namespace) -> None:
         from distseq.demo import run_demo
 
         run_demo(args.out, args.overrides)
+    elif args.command == "submit":
+        from distseq.submit import run as submit_run
+
+        submit_run(args)
     elif args.command == "export":
         from distseq.export import run as export_run
 

@@ -93,3 +93,36 @@ def test_demo_runs_end_to_end_and_reports_both_accuracies(tmp_path: Path) -> Non
     assert "CNN alone (per frame)" in proc.stdout and "CNN+LSTM, end to end" in proc.stdout
     for run in ("cnn_only", "cnn_rnn"):
         assert (tmp_path / "demo" / run / "checkpoints" / "latest").is_file()
+
+
+def test_submit_dry_run_shows_the_sbatch_script(tmp_path: Path, shards: Path) -> None:
+    config = str(tiny_config(tmp_path, shards))
+    proc = distseq(
+        "submit",
+        config,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--partition",
+        "gpu",
+        "--time",
+        "1-00:30:00",
+        "--account",
+        "lab",
+        "--dry-run",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for line in (
+        "--nodes=2",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--time=1470",
+        "--account=lab",
+        "--signal=USR2@90",
+    ):
+        assert f"#SBATCH {line}" in proc.stdout, line
+    bad = distseq("submit", config, "--time", "1 day", "--dry-run", cwd=tmp_path)
+    assert bad.returncode == 2 and "--time" in bad.stderr

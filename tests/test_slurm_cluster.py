@@ -12,6 +12,7 @@ they fail, so that a CI job that was meant to have a cluster cannot pass without
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +24,8 @@ import cloudpickle  # a dependency of submitit
 import pytest
 import submitit
 from submitit.slurm.slurm import SlurmJob
+
+from conftest import tiny_config
 
 # The jobs unpickle the functions below in a fresh interpreter, where this test module (imported
 # by pytest from its rootdir) cannot be imported by name: pickle them by value instead.
@@ -241,3 +244,18 @@ def test_checkpointable_requeue(slurm: Path, tmp_path: Path) -> None:
     if states:  # accounting on: the first run is recorded as REQUEUED
         assert states[0] in ("REQUEUED", "PREEMPTED"), states
         assert states[-1] == "COMPLETED", states
+
+
+def test_distseq_submit_trains_on_two_tasks(slurm: Path, tmp_path: Path, shards: Path) -> None:
+    config = tiny_config(tmp_path, shards)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "distseq", "submit", str(config), "--tasks-per-node", "2"]
+    cmd += ["--partition", "debug", "--time", "00:05:00", "--folder", str(slurm), "--wait"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S * 2)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "submitted job" in proc.stdout and "stdout:" in proc.stdout, proc.stdout
+    run = tmp_path / "run"
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "loss" in r] == [1, 2, 3]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000003"

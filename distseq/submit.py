@@ -1,0 +1,140 @@
+"""``distseq submit``: run ``distseq train`` as a SLURM job through submitit, one task per GPU.
+
+Each task sets up ``torch.distributed`` from SLURM's variables and calls the same ``train`` as
+torchrun does. A requeued job (preemption, timeout) calls it again, and ``train`` resumes from the
+run's latest checkpoint on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import submitit
+import torch
+from submitit.slurm.slurm import _make_sbatch_string
+
+from distseq.checkpoint import TrainingError
+from distseq.config import ConfigError, load_config
+
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2})(?::(\d{2}))?$")
+
+
+def timeout_minutes(text: str) -> int:
+    """SLURM's [D-]HH:MM[:SS] as whole minutes (rounded up)."""
+    m = _TIME.match(text)
+    if not m:
+        raise ConfigError(f"--time {text!r}: expected [D-]HH:MM[:SS], e.g. 24:00:00")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return days * 24 * 60 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+@dataclass
+class SlurmOptions:
+    nodes: int = 1
+    gpus_per_node: int = 0  # 0: a CPU job (gloo); then tasks_per_node sets the ranks per node
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    partition: str = ""
+    time: str = "01:00:00"
+    account: str = ""
+    folder: str = "runs/slurm/%j"
+
+    def executor_parameters(self) -> dict[str, object]:
+        params: dict[str, object] = {
+            "nodes": self.nodes,
+            "tasks_per_node": self.gpus_per_node or self.tasks_per_node,
+            "cpus_per_task": self.cpus_per_task,
+            "timeout_min": timeout_minutes(self.time),
+            "slurm_partition": self.partition or None,
+            "slurm_account": self.account or None,
+            "name": "distseq",
+        }
+        if self.gpus_per_node:
+            params["gpus_per_node"] = self.gpus_per_node
+        return {k: v for k, v in params.items() if v is not None}
+
+
+class TrainTask(submitit.helpers.Checkpointable):
+    """One rank of the job. Checkpointable: submitit requeues it on preemption and timeout."""
+
+    def __init__(self, config: str, overrides: list[str]) -> None:
+        self.config = config
+        self.overrides = overrides
+
+    def __call__(self) -> dict[str, float]:
+        from distseq.train import train
+
+        submitit.helpers.TorchDistributedEnvironment().export(
+            set_cuda_visible_devices=torch.cuda.is_available()
+        )
+        return train(load_config(self.config, self.overrides))
+
+
+def submit(config: str, overrides: list[str], opts: SlurmOptions) -> submitit.Job[dict[str, float]]:
+    load_config(config, overrides)  # fail here, not in a queued job, on a bad config
+    executor = submitit.AutoExecutor(folder=opts.folder, cluster="slurm")
+    executor.update_parameters(**opts.executor_parameters())
+    return executor.submit(TrainTask(str(Path(config).resolve()), overrides))
+
+
+def sbatch_script(opts: SlurmOptions) -> str:
+    """The sbatch script ``submit`` would send, for --dry-run."""
+    params = opts.executor_parameters()
+    return _make_sbatch_string(
+        command="python -u -m submitit.core._submit '<folder>'",
+        folder=opts.folder,
+        job_name=str(params["name"]),
+        partition=opts.partition or None,
+        time=int(str(params["timeout_min"])),
+        nodes=opts.nodes,
+        ntasks_per_node=int(str(params["tasks_per_node"])),
+        cpus_per_task=opts.cpus_per_task,
+        gpus_per_node=opts.gpus_per_node or None,
+        account=opts.account or None,
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="run `distseq train` as a SLURM job (submitit)")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU; 0: CPU job")
+    p.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node of a CPU job")
+    p.add_argument("--cpus-per-task", type=int, default=1)
+    p.add_argument("--partition", default="")
+    p.add_argument("--time", default="01:00:00", help="[D-]HH:MM[:SS]")
+    p.add_argument("--account", default="")
+    p.add_argument("--folder", default="runs/slurm/%j", help="submitit logs; %%j is the job id")
+    p.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
+    p.add_argument("--wait", action="store_true", help="block until the job ends, print its result")
+
+
+def run(args: argparse.Namespace) -> None:
+    opts = SlurmOptions(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        tasks_per_node=args.tasks_per_node,
+        cpus_per_task=args.cpus_per_task,
+        partition=args.partition,
+        time=args.time,
+        account=args.account,
+        folder=args.folder,
+    )
+    if args.dry_run:
+        load_config(args.config, args.overrides)
+        print(sbatch_script(opts))
+        return
+    job = submit(args.config, args.overrides, opts)
+    print(f"submitted job {job.job_id}")
+    print(f"  stdout: {job.paths.stdout}")
+    print(f"  stderr: {job.paths.stderr}")
+    if args.wait:
+        try:
+            print(f"result (rank 0): {job.results()[0]}", flush=True)
+        except submitit.core.utils.UncompletedJobError as e:  # FailedJobError is a subclass
+            first = str(e).strip().splitlines()[0]
+            raise TrainingError(f"job {job.job_id}: {first} (see {job.paths.stderr})") from None
