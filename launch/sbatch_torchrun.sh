@@ -1,0 +1,16 @@
+#!/bin/bash
+# SLURM without submitit: one torchrun per node, 8 GPUs each. Submit with
+#   sbatch launch/sbatch_torchrun.sh configs/cholec-resnet50-lstm.yaml data.train='shards/train-{000000..000099}.tar'
+#SBATCH --job-name=distseq
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --time=24:00:00
+#SBATCH --requeue
+set -euo pipefail
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# A requeued job runs this script again; distseq train resumes from the run's latest checkpoint.
+srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
+    --rdzv_backend=c10d --rdzv_endpoint="$head:29500" \
+    -m distseq train "$@"
