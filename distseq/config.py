@@ -55,6 +55,29 @@ def _check(ok: bool, key: str, value: object, want: str) -> None:
 
 
 @dataclass
+class AugmentConfig:
+    """Train-time augmentation. One draw per sequence: every frame of it gets the same crop, flip
+    and colour change, so that motion between frames stays what the camera saw."""
+
+    crop_scale: float = 1.0  # random crop of [crop_scale, 1] of the frame area; 1: no crop
+    flip: bool = False  # horizontal flip with probability 0.5
+    brightness: float = 0.0  # factor drawn from [1 - x, 1 + x]; 0: off
+    contrast: float = 0.0
+    saturation: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(
+            0.0 < self.crop_scale <= 1.0,
+            "data.augment.crop_scale",
+            self.crop_scale,
+            "must be in (0, 1]",
+        )
+        for key in ("brightness", "contrast", "saturation"):
+            value = getattr(self, key)
+            _check(0.0 <= value < 1.0, f"data.augment.{key}", value, "must be in [0, 1)")
+
+
+@dataclass
 class DataConfig:
     train: str = ""  # shard URLs, brace patterns allowed: shards/train-{000000..000009}.tar
     val: str = ""  # empty: no validation
@@ -65,6 +88,14 @@ class DataConfig:
     num_workers: int = 1
     shuffle_buffer: int = 8
     on_error: OnError = OnError.raise_
+    frame_stride: int = 1  # keep every Nth stored frame (e.g. shards at 5 fps, train at 1 fps)
+    # 0: off. N: sequences shorter than `frames` are batched with others of similar length
+    # (N buckets over 1..frames), so that batches carry less padding.
+    length_buckets: int = 0
+    # Stateful mode: each video is cut into consecutive windows of `frames` that reach the same
+    # rank and worker in order; the RNN state is carried (detached) from one window to the next.
+    ordered: bool = False
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:
         _check(self.frames >= 1, "data.frames", self.frames, "must be >= 1")
@@ -72,6 +103,13 @@ class DataConfig:
         _check(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
         _check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, "must be >= 1")
+        _check(self.frame_stride >= 1, "data.frame_stride", self.frame_stride, "must be >= 1")
+        _check(
+            0 <= self.length_buckets <= self.frames,
+            "data.length_buckets",
+            self.length_buckets,
+            f"must be in [0, data.frames={self.frames}]",
+        )
 
 
 @dataclass
@@ -146,6 +184,8 @@ class TrainConfig:
     # Stop (with a checkpoint) after this step, as a preempted job would; the LR schedule still
     # runs to train.steps, so resuming continues the very same run. 0: run to train.steps.
     stop_after: int = 0
+    # A SLURM job requeues itself on preemption or timeout at most this many times.
+    max_requeues: int = 10
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", self.steps, "must be >= 1")
@@ -154,6 +194,7 @@ class TrainConfig:
         _check(self.save_every >= 0, "train.save_every", self.save_every, "must be >= 0")
         _check(self.keep_last >= 1, "train.keep_last", self.keep_last, "must be >= 1")
         _check(self.stop_after >= 0, "train.stop_after", self.stop_after, "must be >= 0")
+        _check(self.max_requeues >= 0, "train.max_requeues", self.max_requeues, "must be >= 0")
 
 
 @dataclass
@@ -164,6 +205,14 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            not (self.data.ordered and self.model.head.bidirectional),
+            "data.ordered",
+            self.data.ordered,
+            "carries the RNN state forward, so it needs model.head.bidirectional=false",
+        )
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:  # type: ignore[assignment]
