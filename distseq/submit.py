@@ -1,23 +1,40 @@
 """``distseq submit``: run ``distseq train`` as a SLURM job through submitit, one task per GPU.
 
 Each task sets up ``torch.distributed`` from SLURM's variables and calls the same ``train`` as
-torchrun does. A requeued job (preemption, timeout) calls it again, and ``train`` resumes from the
-run's latest checkpoint on its own.
+torchrun does. A requeued job calls it again, and ``train`` resumes from the run's latest
+checkpoint on its own.
+
+Stopping early. submitit's own handler calls ``checkpoint()`` on the first task only, inside the
+signal handler, and exits at once: too early for a save that every rank of a sharded model must
+join. So every task records the signal instead, and the training loop, which polls all ranks
+once per step, saves a checkpoint with all of them at the next step boundary:
+
+- SIGUSR2 (sent ``--signal-delay`` seconds before the time limit, and by submitit's
+  ``job._interrupt()``): save, then the first task requeues the job, at most
+  ``train.max_requeues`` times (SLURM_RESTART_COUNT counts them).
+- SIGTERM alone (preemption, or ``scancel``): save and exit. A scheduler that preempts with
+  requeue starts the job again; a cancelled job stays cancelled, with its work saved.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import signal
+import subprocess
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import submitit
 import torch
 from submitit.slurm.slurm import _make_sbatch_string
 
 from distseq.checkpoint import TrainingError
-from distseq.config import ConfigError, load_config
+from distseq.config import Config, ConfigError, load_config
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2})(?::(\d{2}))?$")
 
@@ -41,6 +58,8 @@ class SlurmOptions:
     time: str = "01:00:00"
     account: str = ""
     folder: str = "runs/slurm/%j"
+    # SIGUSR2 comes this long before the time limit: allow for one step plus a checkpoint save.
+    signal_delay_s: int = 120
 
     def executor_parameters(self) -> dict[str, object]:
         params: dict[str, object] = {
@@ -51,26 +70,75 @@ class SlurmOptions:
             "slurm_partition": self.partition or None,
             "slurm_account": self.account or None,
             "name": "distseq",
+            "slurm_signal_delay_s": self.signal_delay_s,
         }
         if self.gpus_per_node:
             params["gpus_per_node"] = self.gpus_per_node
         return {k: v for k, v in params.items() if v is not None}
 
 
-class TrainTask(submitit.helpers.Checkpointable):
-    """One rank of the job. Checkpointable: submitit requeues it on preemption and timeout."""
+class StopSignals:
+    """Records SIGTERM and SIGUSR2 in place of submitit's handlers; the training loop polls it."""
+
+    def __init__(self) -> None:
+        self.received: set[int] = set()
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(sig, self._record)
+
+    def _record(self, signum: int, frame: types.FrameType | None) -> None:
+        self.received.add(signum)
+
+    def __call__(self) -> bool:
+        return bool(self.received)
+
+
+def _exit_stopped(stop: StopSignals, cfg: Config, step: int) -> NoReturn:
+    """Requeue the job if it was asked to. Exiting leaves no result file, which is how submitit
+    knows the job is not done."""
+    job = os.environ["SLURM_JOB_ID"]
+    first = os.environ.get("SLURM_PROCID", "0") == "0"
+    names = "+".join(signal.Signals(s).name for s in sorted(stop.received))
+    if signal.SIGUSR2 not in stop.received:
+        if first:
+            print(f"distseq: {names}: saved step {step}, exiting", file=sys.stderr, flush=True)
+        raise SystemExit(143)
+    requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if requeues >= cfg.train.max_requeues:
+        raise TrainingError(
+            f"job {job} stopped by {names} after saving step {step}, not requeued: it ran "
+            f"{requeues + 1} times (train.max_requeues={cfg.train.max_requeues}); submit it "
+            "again to go on"
+        )
+    if first:
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
+        print(
+            f"distseq: {names}: saved step {step}, requeued job {job} "
+            f"({requeues + 1} of train.max_requeues={cfg.train.max_requeues})",
+            file=sys.stderr,
+            flush=True,
+        )
+    raise SystemExit(0)
+
+
+class TrainTask:
+    """One rank of the job."""
 
     def __init__(self, config: str, overrides: list[str]) -> None:
         self.config = config
         self.overrides = overrides
 
     def __call__(self) -> dict[str, float]:
-        from distseq.train import train
+        from distseq.train import Interrupted, train
 
+        stop = StopSignals()
+        cfg = load_config(self.config, self.overrides)
         submitit.helpers.TorchDistributedEnvironment().export(
             set_cuda_visible_devices=torch.cuda.is_available()
         )
-        return train(load_config(self.config, self.overrides))
+        try:
+            return train(cfg, stop=stop)
+        except Interrupted as e:
+            _exit_stopped(stop, cfg, e.step)
 
 
 def submit(config: str, overrides: list[str], opts: SlurmOptions) -> submitit.Job[dict[str, float]]:
@@ -94,6 +162,7 @@ def sbatch_script(opts: SlurmOptions) -> str:
         cpus_per_task=opts.cpus_per_task,
         gpus_per_node=opts.gpus_per_node or None,
         account=opts.account or None,
+        signal_delay_s=opts.signal_delay_s,
     )
 
 
@@ -109,6 +178,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time", default="01:00:00", help="[D-]HH:MM[:SS]")
     p.add_argument("--account", default="")
     p.add_argument("--folder", default="runs/slurm/%j", help="submitit logs; %%j is the job id")
+    p.add_argument(
+        "--signal-delay",
+        type=int,
+        default=120,
+        help="seconds before the time limit at which the job saves and requeues itself",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
     p.add_argument("--wait", action="store_true", help="block until the job ends, print its result")
 
@@ -123,6 +198,7 @@ def run(args: argparse.Namespace) -> None:
         time=args.time,
         account=args.account,
         folder=args.folder,
+        signal_delay_s=args.signal_delay,
     )
     if args.dry_run:
         load_config(args.config, args.overrides)

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -38,6 +38,14 @@ from distseq.parallel import (
     init_distributed,
     parallelize,
 )
+
+
+class Interrupted(TrainingError):
+    """Training stopped early because it was asked to, after every rank saved a checkpoint."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"stopped on request after step {step}, saved; run again to resume")
+        self.step = step
 
 
 def build_optimizer(
@@ -145,16 +153,24 @@ def _micro_batches(stream: Iterator[Batch], n: int, device: torch.device) -> lis
     return [next(stream).to(device) for _ in range(n)]
 
 
-def train(cfg: Config) -> dict[str, float]:
-    """Run one training job as this process's rank; returns the final metrics."""
+def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, float]:
+    """Run one training job as this process's rank; returns the final metrics.
+
+    ``stop`` is polled after every step; once it returns True on any rank, all ranks save a
+    checkpoint together and raise :class:`Interrupted` (e.g. a SLURM job told to stop).
+    """
     info = init_distributed()
     try:
-        return _train(cfg, info)
+        return _train(cfg, info, stop)
     finally:
         close_distributed()
 
 
-def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    return bool(all_reduce_sum(torch.tensor([float(flag)], device=device)).item() > 0)
+
+
+def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict[str, float]:
     out = Path(cfg.train.out_dir)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -175,8 +191,8 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
     position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
     metrics = {} if resumed is None else resumed.metrics
     log = MetricsLog(out / "metrics.jsonl", info.is_main, after_step=position.step)
-    stop = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
-    if position.step >= stop:  # nothing left to train, e.g. a finished run launched again
+    last_step = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
+    if position.step >= last_step:  # nothing left to train, e.g. a finished run launched again
         return metrics
 
     stream = data.train_batches(cfg.data, seed=position.seed)
@@ -200,7 +216,7 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
         dynamic_ncols=True,
         mininterval=0.5 if sys.stderr.isatty() else 30.0,
     )
-    for step in range(first, stop + 1):
+    for step in range(first, last_step + 1):
         batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
         start = time.perf_counter()
         loss, frames = train_step(model, optimizer, batches, info.world)
@@ -233,7 +249,17 @@ def _train(cfg: Config, info: DistInfo) -> dict[str, float]:
             )
             log.write({"step": step, "val_accuracy": metrics["val_accuracy"]})
             bar.write(f"step {step}: val per-frame accuracy {metrics['val_accuracy']:.3f}")
-        if step == stop or (cfg.train.save_every and step % cfg.train.save_every == 0):
+        # One tiny all-reduce per step: a signal reaches the ranks at different moments, and
+        # a save that only some ranks join would hang the others.
+        stopping = stop is not None and _any_rank(stop(), info.device)
+        if (
+            step == last_step
+            or stopping
+            or (cfg.train.save_every and step % cfg.train.save_every == 0)
+        ):
             save_checkpoint(checkpoints, state, position, metrics, cfg.train.keep_last)
+        if stopping and step < last_step:
+            bar.close()
+            raise Interrupted(step)
     bar.close()
     return metrics

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import pytest
 import submitit
 from submitit.slurm.slurm import SlurmJob
 
-from conftest import tiny_config
+from conftest import launch_torchrun, tiny_config
 
 # The jobs unpickle the functions below in a fresh interpreter, where this test module (imported
 # by pytest from its rootdir) cannot be imported by name: pickle them by value instead.
@@ -259,3 +260,126 @@ def test_distseq_submit_trains_on_two_tasks(slurm: Path, tmp_path: Path, shards:
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "loss" in r] == [1, 2, 3]
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000003"
+
+
+# --- distseq submit: stopping on SLURM's signals -----------------------------------------------
+
+
+def _submit_tiny(
+    tmp_path: Path, shards: Path, folder: Path, tasks: int, *overrides: str
+) -> tuple[SlurmJob, Path]:
+    from distseq.submit import SlurmOptions, submit
+
+    config = tiny_config(tmp_path, shards)
+    opts = SlurmOptions(tasks_per_node=tasks, partition="debug", time="00:05:00")
+    opts.folder = str(folder)
+    job = submit(str(config), list(overrides), opts)
+    assert isinstance(job, SlurmJob), type(job)
+    return job, tmp_path / "run"
+
+
+def _wait_for_step(job: SlurmJob, run: Path, step: int) -> None:
+    """Until the run's metrics log records ``step``: then the job is inside its training loop."""
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (metrics.exists() and f'"step": {step},' in metrics.read_text()):
+        if time.monotonic() > deadline or job.done():
+            job.cancel(check=False)
+            pytest.fail(f"job {job.job_id} never reached step {step}: {_logs(job)}")
+        time.sleep(0.2)
+
+
+def _saved_step(run: Path) -> int:
+    return int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+
+
+@pytest.fixture
+def single_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Jobs inherit the submitting environment. One thread per rank makes a SLURM run and a
+    # torchrun run of the same config compute bit for bit the same.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+
+
+@pytest.mark.usefixtures("single_threaded")
+def test_interrupted_job_saves_on_all_ranks_requeues_and_ends_as_uninterrupted(
+    slurm: Path, tmp_path: Path, shards: Path
+) -> None:
+    import torch
+
+    from distseq.export import load_exported
+
+    steps = 16
+    # No periodic checkpoints: the requeued run can only resume from the save on the signal.
+    overrides = (f"train.steps={steps}", "train.save_every=0")
+    job, run = _submit_tiny(tmp_path, shards, slurm, 2, *overrides)
+    _wait_for_step(job, run, 2)
+    job._interrupt()  # SIGTERM then SIGUSR2 to every task, as a preemption
+
+    results = _wait(job)
+    assert [r["step"] for r in results] == [steps, steps], results
+    log = "".join(_logs(job).values())
+    saved = re.search(r"SIG\w+\+SIG\w+: saved step (\d+), requeued job (\d+) \(1 of", log)
+    assert saved, log
+    assert saved[2] == job.job_id
+    k = int(saved[1])
+    assert 2 <= k < steps, log
+    assert f"resuming from {run / 'checkpoints' / f'step_{k:08d}'} at step {k}" in log, log
+    states = _sacct_states(job.job_id)
+    if states:
+        assert states[0] in ("REQUEUED", "PREEMPTED") and states[-1] == "COMPLETED", states
+
+    # The same config, never interrupted, under torchrun with the same world size.
+    ref = tmp_path / "ref"
+    script = tmp_path / "ref_train.py"
+    script.write_text("import sys\nfrom distseq.cli import main\nsys.exit(main())\n")
+    proc = launch_torchrun(
+        script,
+        2,
+        tmp_path,
+        "train",
+        str(tmp_path / "tiny.yaml"),
+        *overrides,
+        f"train.out_dir={ref}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    models = []
+    for out in (run, ref):
+        exported = tmp_path / f"{out.name}.pt"
+        subprocess.run(
+            [sys.executable, "-m", "distseq", "export", str(out), "--out", str(exported)],
+            check=True,
+            capture_output=True,
+        )
+        models.append(load_exported(exported)[0].state_dict())
+    assert models[0].keys() == models[1].keys()
+    for name, value in models[0].items():
+        assert torch.equal(value, models[1][name]), f"{name} differs from the uninterrupted run"
+
+
+@pytest.mark.usefixtures("single_threaded")
+def test_requeues_are_bounded_and_sigterm_alone_saves_and_exits(
+    slurm: Path, tmp_path: Path, shards: Path
+) -> None:
+    job, run = _submit_tiny(tmp_path, shards, slurm, 1, "train.steps=200", "train.max_requeues=0")
+    _wait_for_step(job, run, 2)
+    subprocess.run(["scancel", "--signal=TERM", job.job_id], check=True)  # as a preemption
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not job.done(force_check=True):
+        if time.monotonic() > deadline:
+            job.cancel(check=False)
+            pytest.fail(f"job {job.job_id} still running after SIGTERM: {_logs(job)}")
+        time.sleep(0.5)
+    first = _saved_step(run)
+    assert 2 <= first < 200, first
+    log = "".join(_logs(job).values())
+    assert f"SIGTERM: saved step {first}, exiting" in log, log
+    assert "requeued" not in log, log
+
+    # Resubmitted, it resumes; then SIGUSR2 finds the requeue budget (0) spent.
+    job, run = _submit_tiny(tmp_path, shards, slurm, 1, "train.steps=200", "train.max_requeues=0")
+    _wait_for_step(job, run, first + 2)
+    job._interrupt(timeout=True)  # SIGUSR2 only, as before the time limit
+    with pytest.raises(submitit.core.utils.FailedJobError, match="not requeued: it ran 1 times"):
+        _wait(job)
+    assert _saved_step(run) > first + 1
