@@ -41,15 +41,26 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--chunk", type=int, default=8)
     memory.add_argument("--backends", nargs="+", default=["none", "torch", "fairscale"])
     memory.add_argument("--json", action="store_true", help="one JSON record per case")
+    data = bench_sub.add_parser("data", help="loader frames/s per worker against plain decoding")
+    data.add_argument("--size", type=int, default=224, help="frame size of the shards (px)")
+    data.add_argument("--frames", type=int, default=64, help="window T (data.frames)")
+    data.add_argument("--count", type=int, default=2048, help="frames timed per case")
+    data.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    data.add_argument("--model-fps", type=float, default=1000.0, help="frames/s a step consumes")
+    data.add_argument(
+        "--shards", default="", help="local train shards (index.json beside); default: synthetic"
+    )
+    data.add_argument("--json", action="store_true", help="one JSON record per case")
     return parser
 
 
 def _run(args: argparse.Namespace) -> None:
     if args.command == "train":
         from distseq.config import load_config
-        from distseq.train import train
+        from distseq.train import StopSignals, train
 
-        train(load_config(args.config, args.overrides))
+        # SIGTERM (scancel, preemption, torchrun shutting its workers down) saves before exiting.
+        train(load_config(args.config, args.overrides), stop=StopSignals())
     elif args.command == "demo":
         from distseq.demo import run_demo
 
@@ -70,6 +81,10 @@ def _run(args: argparse.Namespace) -> None:
         from distseq.bench import bench_memory
 
         bench_memory(args)
+    elif args.command == "bench" and args.bench == "data":
+        from distseq.bench_data import bench_data
+
+        bench_data(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,6 @@ import re
 import signal
 import subprocess
 import sys
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -35,6 +34,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from distseq.checkpoint import TrainingError
 from distseq.config import Config, ConfigError, load_config
+from distseq.train import Interrupted, StopSignals, train
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2})(?::(\d{2}))?$")
 
@@ -77,21 +77,6 @@ class SlurmOptions:
         return {k: v for k, v in params.items() if v is not None}
 
 
-class StopSignals:
-    """Records SIGTERM and SIGUSR2 in place of submitit's handlers; the training loop polls it."""
-
-    def __init__(self) -> None:
-        self.received: set[int] = set()
-        for sig in (signal.SIGTERM, signal.SIGUSR2):
-            signal.signal(sig, self._record)
-
-    def _record(self, signum: int, frame: types.FrameType | None) -> None:
-        self.received.add(signum)
-
-    def __call__(self) -> bool:
-        return bool(self.received)
-
-
 def _exit_stopped(stop: StopSignals, cfg: Config, step: int) -> NoReturn:
     """Requeue the job if it was asked to. Exiting leaves no result file, which is how submitit
     knows the job is not done."""
@@ -128,8 +113,6 @@ class TrainTask:
         self.overrides = overrides
 
     def __call__(self) -> dict[str, float]:
-        from distseq.train import Interrupted, train
-
         stop = StopSignals()
         cfg = load_config(self.config, self.overrides)
         submitit.helpers.TorchDistributedEnvironment().export(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -46,6 +48,24 @@ class Interrupted(TrainingError):
     def __init__(self, step: int) -> None:
         super().__init__(f"stopped on request after step {step}, saved; run again to resume")
         self.step = step
+
+
+class StopSignals:
+    """Turns SIGTERM and SIGUSR2 into a request to stop at the next step with a checkpoint.
+
+    Pass it as ``train(cfg, stop=...)``; ``received`` says which signals came.
+    """
+
+    def __init__(self) -> None:
+        self.received: set[int] = set()
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(sig, self._record)
+
+    def _record(self, signum: int, frame: types.FrameType | None) -> None:
+        self.received.add(signum)
+
+    def __call__(self) -> bool:
+        return bool(self.received)
 
 
 def build_optimizer(

@@ -89,7 +89,19 @@ elif mode == "kill_rank1_once" and rank == 1 and os.environ["TORCHELASTIC_RESTAR
 
     distseq.train.train_step = step_or_die
 
-distseq.train.train(cfg)
+elif mode == "term_rank1" and rank == 1:  # rank 1 alone is told to stop, during step 3
+    step = distseq.train.train_step
+    calls = []
+
+    def step_then_term(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(*args)
+
+    distseq.train.train_step = step_then_term
+
+distseq.train.train(cfg, stop=distseq.train.StopSignals())
 """
 
 
@@ -175,6 +187,16 @@ def test_stopped_run_resumes_bit_identical(reference: Path, tmp_path: Path) -> N
     assert_same_run(tmp_path, reference)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["latest", "step_00000003", "step_00000004"]
+
+
+def test_a_signal_to_one_rank_stops_all_with_a_checkpoint(reference: Path, tmp_path: Path) -> None:
+    stopped = launch(reference, tmp_path, 2, "term_rank1")
+    assert stopped.returncode != 0
+    assert "stopped on request after step 3, saved; run again to resume" in stopped.stderr
+    assert latest(tmp_path) == "step_00000003"  # rank 0 got no signal, yet took part in the save
+    resumed = succeeded(launch(reference, tmp_path, 2, "plain"))
+    assert "at step 3" in resumed.stderr
+    assert_same_run(tmp_path, reference)
 
 
 def test_every_crash_window_of_a_save_leaves_latest_complete(tmp_path: Path) -> None:
