@@ -121,6 +121,38 @@ def build_backbone(cfg: BackboneConfig) -> FrameEncoder:
     return FrameEncoder(cnn, fc.in_features)
 
 
+RNNState = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # GRU: h; LSTM: (h, c)
+
+
+class Carry:
+    """The RNN state that one window of a video hands to the next (``data.ordered``).
+
+    The head starts from ``state`` and replaces it with its state after the window, detached:
+    the gradient stops at window boundaries, and memory stays that of one window. Rows are the
+    batch's lanes; :meth:`reset` zeroes the rows where a new video starts. A row that ends in
+    padding ends its video, so the state it hands on is always reset before use.
+    """
+
+    def __init__(self) -> None:
+        self.state: RNNState | None = None
+
+    def reset(self, starts: torch.Tensor) -> None:
+        if self.state is None:
+            return
+        parts = self.state if isinstance(self.state, tuple) else (self.state,)
+        if parts[0].shape[1] != starts.shape[0]:
+            raise ValueError(f"carried state has {parts[0].shape[1]} rows, batch {len(starts)}")
+        keep = (~starts).to(parts[0].dtype)[None, :, None]  # over [layers, B, hidden]
+        kept = tuple(p * keep for p in parts)
+        self.state = (kept[0], kept[1]) if len(kept) == 2 else kept[0]
+
+
+def _detach(state: RNNState, dtype: torch.dtype | None = None) -> RNNState:
+    if isinstance(state, tuple):
+        return (state[0].detach().to(dtype), state[1].detach().to(dtype))
+    return state.detach().to(dtype)
+
+
 class TemporalHead(nn.Module):
     """features [B, T, F] -> logits [B, T, K]; causal unless ``bidirectional``."""
 
@@ -145,7 +177,7 @@ class TemporalHead(nn.Module):
         # Set by the memory policy; 0 keeps the whole sequence in one graph.
         self.tbptt_frames = 0
 
-    def _run_rnn(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _run_rnn(self, x: torch.Tensor, mask: torch.Tensor, carry: Carry | None) -> torch.Tensor:
         assert self.rnn is not None
         if self.bidirectional:
             # The backward direction must start at each sequence's last real frame, not at padding.
@@ -157,17 +189,22 @@ class TemporalHead(nn.Module):
             return nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[
                 0
             ]
-        if not self.tbptt_frames:
-            return self.rnn(x)[0]
-        outs, state = [], None
-        for start in range(0, x.shape[1], self.tbptt_frames):
-            out, state = self.rnn(x[:, start : start + self.tbptt_frames], state)
+        # Mixed precision runs the RNN in the parameters' dtype; a carried state may be fp32.
+        state = None if carry is None or carry.state is None else _detach(carry.state, x.dtype)
+        step = self.tbptt_frames or x.shape[1]
+        outs = []
+        for start in range(0, x.shape[1], step):
+            out, after = self.rnn(x[:, start : start + step], state)
             outs.append(out)
-            state = tuple(s.detach() for s in state) if isinstance(state, tuple) else state.detach()
-        return torch.cat(outs, dim=1)
+            state = _detach(after) if start + step < x.shape[1] else after  # truncated BPTT
+        if carry is not None:
+            carry.state = _detach(after)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
-    def forward(self, feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = feats if self.rnn is None else self._run_rnn(feats, mask)
+    def forward(
+        self, feats: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
+    ) -> torch.Tensor:
+        x = feats if self.rnn is None else self._run_rnn(feats, mask, carry)
         return self.classifier(self.dropout(x))
 
 
@@ -177,8 +214,10 @@ class VideoModel(nn.Module):
         self.encoder = encoder
         self.head = head
 
-    def forward(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(frames, mask), mask)
+    def forward(
+        self, frames: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
+    ) -> torch.Tensor:
+        return self.head(self.encoder(frames, mask), mask, carry)
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> VideoModel:

@@ -72,3 +72,36 @@ def test_padding_does_not_leak_into_real_frames(bidirectional: bool) -> None:
         alone = model(batch.frames[:, :6], batch.mask[:, :6])
     assert torch.equal(a, b)
     assert torch.allclose(a, alone, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_carried_state_continues_the_sequence_and_stops_the_gradient(kind: str) -> None:
+    from distseq.model import Carry
+
+    torch.manual_seed(0)
+    head = tiny_model(kind=kind, layers=2).head
+    feats = torch.randn(2, 12, head.rnn.input_size, requires_grad=True)  # type: ignore[union-attr]
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    whole = head(feats, mask)
+
+    carry = Carry()
+    starts = torch.tensor([True, True])
+    windows = []
+    for start in range(0, 12, 5):  # windows of 5, 5 and 2 frames
+        carry.reset(starts)
+        windows.append(head(feats[:, start : start + 5], mask[:, start : start + 5], carry))
+        starts = torch.tensor([False, False])
+    torch.testing.assert_close(torch.cat(windows, 1), whole, rtol=1e-5, atol=1e-6)
+
+    # The carried state is detached: the last window's loss reaches only its own frames.
+    windows[-1].sum().backward()
+    assert feats.grad is not None
+    assert feats.grad[:, :10].abs().max() == 0 and feats.grad[:, 10:].abs().max() > 0
+
+    # A reset row starts afresh; the other row keeps its video's state.
+    carry.reset(torch.tensor([True, False]))
+    with torch.no_grad():
+        fresh = head(feats[:1, :3], mask[:1, :3])
+        continued = head(feats[:, :3], mask[:, :3], carry)
+    torch.testing.assert_close(continued[:1], fresh)
+    assert not torch.allclose(continued[1:], head(feats[1:, :3], mask[1:, :3]))
