@@ -3,9 +3,10 @@
 Shard format (version 1; ``distseq.synthetic`` and ``distseq shard`` both write it)
 -----------------------------------------------------------------------------------
 A shard is a plain tar file. One sample is one whole sequence (video) with key ``<key>``; the
-key must not contain a dot, because webdataset splits member names at the first dot:
+key must not contain a dot, because member names are split at the first dot:
 
-- ``<key>.000000.jpg``, ``<key>.000001.jpg``, ... one JPEG per frame, numbered 0..n-1;
+- ``<key>.000000.jpg``, ``<key>.000001.jpg``, ... one JPEG per frame, numbered 0..n-1, all of one
+  size;
 - ``<key>.labels.json`` = ``{"labels": [c0, c1, ...]}``, one class id per frame.
 
 No other member is allowed; in particular pickled members (``.pyd``, ``.pickle``, ``.pth``) are
@@ -16,40 +17,68 @@ refused, never decoded. ``index.json`` beside the shards describes them::
 
 Pipeline
 --------
-train (infinite): shard list shuffled per epoch with a seed shared by all ranks -> this rank's
-shards -> this worker's shards -> tar samples (webdataset) -> sample shuffle buffer -> random
-window of ``frames`` frames (only the window's JPEGs are decoded) -> batches padded to the
-longest sequence. val (finite): every rank reads all val shards in order and keeps sample i when
-i % world == rank; full sequences; the number of batches is computed from ``index.json`` and
-topped up with fully masked batches so every rank yields the same count.
+train (infinite): the shard list is shuffled per epoch with a seed shared by all ranks. With at
+least world x workers shards, each (rank, worker) slot reads its own slice of them; with fewer,
+every slot reads all of them (cheap: nothing is decoded) and keeps every (world x workers)-th
+sample, so each epoch is still split exactly once and no slot runs dry -> tar samples -> sample
+shuffle buffer -> every ``frame_stride``-th frame -> a random window of ``frames`` frames ->
+augmentation drawn once per window (``distseq.augment``) and applied to all its frames at their
+stored size -> resize to ``size`` x ``size`` -> batches padded to the longest window. Only the
+window's JPEGs are decoded. With ``length_buckets`` N, only windows of the same one of N
+equal-width length buckets over 1..frames share a batch, so short windows are not padded to long
+ones.
 
-Bad samples raise :class:`DataError` (one line naming shard and sample), or, with
-``on_error=skip``, are logged and counted: see :func:`skipped_samples`. Shard-level problems (a
-missing or unreadable shard, a bad ``index.json``) always raise.
+ordered train mode (``ordered``): videos still come from the shuffle buffer, but each is cut into
+consecutive windows of ``frames`` frames (the last may be shorter). A worker keeps ``batch_size``
+lanes: row b of its successive batches carries on one video window after window, and when the
+video ends the lane takes the next one and sets ``Batch.starts[b]``. Augmentation is drawn once
+per video. ``length_buckets`` does not apply (a lane cannot wait for a bucket).
+
+DataLoader hands out batch i from worker i % workers, so ``Batch.worker`` = i % workers. A resumed
+run passes ``skip_batches`` (and the ids its skipped batches reported as bad): each worker then
+reads, validates and draws from its RNGs exactly as before, but decodes only the samples that
+were bad, until it has passed over its share of the skipped batches.
+
+val (finite): every rank reads all val shards in order and keeps sample i when i % world == rank;
+full sequences (every ``frame_stride``-th frame), no augmentation; the number of batches is
+computed from ``index.json`` and topped up with fully masked batches so every rank yields the
+same count.
+
+Bad samples, a shard cut off mid-way included, raise :class:`DataError` (one line naming shard
+and sample), or, with ``on_error=skip``, are logged and reported in ``Batch.skipped`` (training
+counts them in its ``skipped_samples`` metric). Shard-level problems (a missing or unreadable
+shard, a bad ``index.json``) always raise.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import logging
 import random
 import re
+import tarfile
 import traceback
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 import webdataset as wds
+from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2.functional import resize
 
+from distseq import augment
 from distseq.config import ConfigError, DataConfig, OnError
+
+if TYPE_CHECKING:
+    from typing import Self
 
 log = logging.getLogger(__name__)
 
@@ -75,31 +104,42 @@ class DataError(ValueError):
         super().__init__(message)
 
 
+def _unset_starts() -> torch.Tensor:
+    return torch.ones(0, dtype=torch.bool)
+
+
 @dataclass
 class Batch:
     frames: torch.Tensor  # uint8 [B, T, 3, H, W]; the model normalises per chunk
     labels: torch.Tensor  # int64 [B, T]; IGNORE_INDEX where padded
     mask: torch.Tensor  # bool [B, T]; True on real frames
     keys: list[str] = field(default_factory=list)  # sample keys; "" for padding rows
-    skipped: int = 0  # samples this worker skipped since its previous batch (on_error=skip)
+    # "<shard file name>/<sample key>" of the samples this worker skipped since its previous
+    # batch (on_error=skip)
+    skipped: list[str] = field(default_factory=list)
+    # bool [B]: True where the row's window is the first of its video, so an RNN that carries its
+    # state from batch to batch must reset it. Left out: all True, as outside ordered mode.
+    starts: torch.Tensor = field(default_factory=_unset_starts)
+    worker: int = 0  # the worker stream that made it; train batch i comes from worker i % workers
+
+    def __post_init__(self) -> None:
+        if self.starts.numel() == 0:
+            self.starts = torch.ones(self.frames.shape[0], dtype=torch.bool)
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        return replace(
+            self,
+            frames=fn(self.frames),
+            labels=fn(self.labels),
+            mask=fn(self.mask),
+            starts=fn(self.starts),
+        )
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
-        return Batch(
-            self.frames.to(device, non_blocking=non_blocking),
-            self.labels.to(device, non_blocking=non_blocking),
-            self.mask.to(device, non_blocking=non_blocking),
-            self.keys,
-            self.skipped,
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:  # called by DataLoader(pin_memory=True)
-        return Batch(
-            self.frames.pin_memory(),
-            self.labels.pin_memory(),
-            self.mask.pin_memory(),
-            self.keys,
-            self.skipped,
-        )
+        return self._map(torch.Tensor.pin_memory)
 
 
 @dataclass
@@ -117,15 +157,6 @@ class Manifest:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-
-# Samples skipped under on_error=skip, summed in the main process over every stream so far.
-_skipped = 0
-
-
-def skipped_samples() -> int:
-    """How many bad samples this process's train and val streams have skipped so far."""
-    return _skipped
 
 
 def write_manifest(manifest: Manifest, path: Path) -> None:
@@ -212,27 +243,103 @@ def _worker() -> tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
-def _read_shard(url: str) -> Iterator[dict[str, Any]]:
-    """Raw webdataset samples of one shard (member name -> bytes), read lazily."""
+def _shard_name(url: str) -> str:
+    return Path(urlparse(url).path).name
+
+
+@dataclass
+class _Sample:
+    """One sample of a shard as read: member bytes by extension, nothing decoded."""
+
+    url: str
+    key: str
+    members: dict[str, bytes]
+    cut: str = ""  # the shard is cut off inside this sample: the error message
+
+    @property
+    def id(self) -> str:
+        return f"{_shard_name(self.url)}/{self.key}"
+
+    @property
+    def where(self) -> str:
+        return f"shard {self.url} sample {self.key}"
+
+
+# Missing from typeshed: the header error that an all-zero block, the end-of-archive mark, raises.
+_END_OF_ARCHIVE: type[Exception] = tarfile.EOFHeaderError  # type: ignore[attr-defined]
+
+
+class _TarInfo(tarfile.TarInfo):
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> Self:
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.HeaderError as e:
+            # TarFile.next() takes any bad header after the first, a cut-off one included, for
+            # the end of the archive; remember which it was.
+            if isinstance(tar, _Tar):
+                tar.end = e
+            raise
+
+
+class _Tar(tarfile.TarFile):
+    tarinfo = _TarInfo
+    end: Exception | None = None  # why the member list ended
+    members: list[tarfile.TarInfo]  # TarFile's own, missing from typeshed
+
+
+def _read_shard(url: str) -> Iterator[_Sample]:
+    """The samples of one shard, read lazily. A sample's members are consecutive and named
+    ``<key>.<ext>``. If the shard is cut off, the sample it ends in comes last, marked ``cut``."""
+    sample: _Sample | None = None
     try:
-        yield from wds.tarfile_samples([{"url": url}])
-    except Exception as e:  # tarfile, IO and webdataset errors: name the shard, keep one line
-        raise DataError(f"shard {url}: cannot read: {_first_line(e)}") from None
+        with wds.gopen(url, "rb") as stream, _Tar.open(fileobj=stream, mode="r|*") as tar:
+            for info in tar:
+                tar.members = []  # a stream is read once: keep no index of its members
+                if not info.isreg():
+                    continue
+                head, slash, name = info.name.rpartition("/")
+                stem, _, ext = name.partition(".")
+                if sample is None or head + slash + stem != sample.key:
+                    if sample is not None:
+                        yield sample
+                    sample = _Sample(url, head + slash + stem, {})
+                if ext.lower() in sample.members:
+                    raise DataError(f"{sample.where}: member {info.name} appears twice")
+                member = tar.extractfile(info)
+                assert member is not None  # a regular file
+                sample.members[ext.lower()] = member.read()
+            if not isinstance(tar.end, _END_OF_ARCHIVE):
+                raise tarfile.ReadError("no end-of-archive mark")
+    except (OSError, EOFError, tarfile.TarError) as e:  # IO, tar and decompression errors
+        if isinstance(e.__context__, GeneratorExit):
+            return  # closed before the end, and the pipe: command complained: nothing is lost
+        if sample is None:
+            raise DataError(f"shard {url}: cannot read: {_first_line(e)}") from None
+        sample.cut = f"{sample.where}: the shard is cut off in this sample: {_first_line(e)}"
+    if sample is not None:
+        yield sample
 
 
-def _where(sample: dict[str, Any]) -> str:
-    return f"shard {sample['__url__']} sample {sample['__key__']}"
+@dataclass
+class _Video:
+    """A valid sample, every ``frame_stride``-th frame of it."""
+
+    key: str
+    id: str
+    where: str
+    jpegs: list[tuple[int, bytes]]  # (stored frame number, JPEG)
+    labels: list[int]
 
 
-def _members(sample: dict[str, Any], num_classes: int) -> tuple[list[bytes], list[int]]:
-    """Validate a raw sample; return its JPEG bytes in frame order and its labels."""
-    key = sample["__key__"]
-    where = _where(sample)
+def _video(sample: _Sample, num_classes: int, stride: int) -> _Video:
+    """Validate a sample (cheap: nothing is decoded) and keep every ``stride``-th frame."""
+    if sample.cut:
+        raise DataError(sample.cut)
+    key, where = sample.key, sample.where
     jpegs: dict[int, bytes] = {}
     labels_json = None
-    for name, value in sample.items():
-        if name.startswith("__"):  # webdataset's own bookkeeping (__key__, __url__, ...)
-            continue
+    for name, value in sample.members.items():
         if name == "labels.json":
             labels_json = value
             continue
@@ -258,144 +365,255 @@ def _members(sample: dict[str, Any], num_classes: int) -> tuple[list[bytes], lis
     bad = [x for x in labels if not 0 <= x < num_classes]
     if bad:
         raise DataError(f"{where}: label {bad[0]} outside the {num_classes} manifest classes")
-    return [jpegs[i] for i in range(n)], labels
+    kept = range(0, n, stride)
+    return _Video(key, sample.id, where, [(i, jpegs[i]) for i in kept], labels[::stride])
 
 
-def _decode(jpegs: list[bytes], first: int, size: int, where: str) -> torch.Tensor:
-    out = torch.empty((len(jpegs), 3, size, size), dtype=torch.uint8)
-    for i, data in enumerate(jpegs):
+def _bad_jpeg(where: str, number: int, error: Exception) -> DataError:
+    # torchvision prefixes libjpeg's message with its own source location; drop that.
+    reason = re.sub(r"^.*\.cpp:\d+, ", "", _first_line(error))
+    return DataError(f"{where}: frame {number:06d}.jpg is not a valid JPEG: {reason}")
+
+
+def _jpeg_size(where: str, jpeg: tuple[int, bytes]) -> tuple[int, int]:
+    """(height, width) from the JPEG header alone."""
+    number, data = jpeg
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.height, img.width
+    except (OSError, SyntaxError, ValueError) as e:
+        raise _bad_jpeg(where, number, e) from None
+
+
+def _decode(jpegs: list[tuple[int, bytes]], where: str, size: int | None = None) -> torch.Tensor:
+    """Frames as uint8 [T, 3, H, W]: each resized to ``size`` x ``size``, or, with no size, all at
+    the stored size of the first, which the others must share."""
+    out: torch.Tensor | None = None
+    for i, (number, data) in enumerate(jpegs):
         try:
             img = decode_jpeg(
                 torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB
             )
         except (RuntimeError, ValueError) as e:
-            name = f"{first + i:06d}.jpg"
-            # torchvision prefixes libjpeg's message with its own source location; drop that.
-            reason = re.sub(r"^.*\.cpp:\d+, ", "", _first_line(e))
-            raise DataError(f"{where}: frame {name} is not a valid JPEG: {reason}") from None
-        if img.shape[-2:] != (size, size):
+            raise _bad_jpeg(where, number, e) from None
+        if size is not None and img.shape[-2:] != (size, size):
             img = resize(img, [size, size], antialias=True)
+        if out is None:
+            out = torch.empty((len(jpegs), *img.shape), dtype=torch.uint8)
+        elif img.shape != out.shape[1:]:
+            raise DataError(
+                f"{where}: frame {number:06d}.jpg is {img.shape[1]}x{img.shape[2]}, frame "
+                f"{jpegs[0][0]:06d}.jpg {out.shape[2]}x{out.shape[3]}"
+            )
         out[i] = img
+    assert out is not None, "a video has at least one frame"
     return out
 
 
-_Item = tuple[str, torch.Tensor, list[int]]  # key, frames uint8 [T, 3, S, S], labels
+def _on_error(on_error: OnError, error: DataError, sample_id: str, skipped: list[str]) -> None:
+    """Apply the error policy: re-raise, or log the bad sample and note its id."""
+    if on_error != OnError.skip:
+        raise error
+    log.warning("skipping bad sample: %s", error)
+    skipped.append(sample_id)
 
 
-def _collate(items: list[_Item], size: int, skipped: int) -> Batch:
-    """Pad to the longest sequence in the batch; padding is masked out and ignored by the loss."""
-    length = max(len(labels) for _, _, labels in items)
-    frames = torch.zeros((len(items), length, 3, size, size), dtype=torch.uint8)
-    labels = torch.full((len(items), length), IGNORE_INDEX, dtype=torch.int64)
-    mask = torch.zeros((len(items), length), dtype=torch.bool)
-    for b, (_, x, y) in enumerate(items):
+_Row = tuple[str, torch.Tensor, list[int], bool]  # key, frames [T, 3, S, S], labels, starts video
+
+
+def _collate(rows: list[_Row], size: int, skipped: list[str], worker: int) -> Batch:
+    """Pad to the longest sequence in the batch; padding is masked out and ignored by the loss.
+    With no rows, a batch that only carries skipped ids home from a worker; never yielded."""
+    length = max((len(y) for _, _, y, _ in rows), default=1)
+    frames = torch.zeros((len(rows), length, 3, size, size), dtype=torch.uint8)
+    labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.int64)
+    mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    for b, (_, x, y, _) in enumerate(rows):
         frames[b, : len(y)] = x
         labels[b, : len(y)] = torch.tensor(y, dtype=torch.int64)
         mask[b, : len(y)] = True
-    return Batch(frames, labels, mask, [key for key, _, _ in items], skipped)
+    starts = torch.tensor([start for *_, start in rows], dtype=torch.bool)
+    return Batch(frames, labels, mask, [row[0] for row in rows], skipped, starts, worker)
 
 
-def _skip_marker(skipped: int, size: int) -> Batch:
-    """A zero-row batch that only carries a skip count home from a worker; never yielded."""
-    return Batch(
-        torch.zeros((0, 1, 3, size, size), dtype=torch.uint8),
-        torch.zeros((0, 1), dtype=torch.int64),
-        torch.zeros((0, 1), dtype=torch.bool),
-        [],
-        skipped,
-    )
+@dataclass
+class _Window:
+    """Frames [start, start + frames) of a video, decoded when first needed."""
+
+    key: str
+    where: str
+    jpegs: list[tuple[int, bytes]]
+    labels: list[int]
+    params: augment.Params
+    first: bool  # the first window of its video
+    frames: torch.Tensor | None = None  # decoded and augmented
+
+    def decode(self, size: int) -> torch.Tensor:
+        if self.frames is None:
+            self.frames = augment.apply(_decode(self.jpegs, self.where), self.params, size)
+        return self.frames
 
 
-class _Batcher:
-    """Groups items into batches and carries the skip count of the samples in between."""
+@dataclass
+class _Lane:
+    """Ordered mode: the video that one row of a worker's batches walks through."""
 
-    def __init__(self, cfg: DataConfig) -> None:
-        self.cfg = cfg
-        self.items: list[_Item] = []
-        self.skipped = 0
+    video: _Video
+    params: augment.Params | None = None  # drawn with its first window
+    start: int = 0  # of its next window
 
-    def add(self, item: _Item) -> Batch | None:
-        self.items.append(item)
-        return self.flush() if len(self.items) == self.cfg.batch_size else None
 
-    def skip(self, error: DataError) -> None:
-        """Apply the error policy: re-raise, or log and count the bad sample."""
-        if self.cfg.on_error != OnError.skip:
-            raise error
-        log.warning("skipping bad sample: %s", error)
-        self.skipped += 1
+class _TrainWorker:
+    """One worker's share of a train stream: its samples, RNG, error policy and fast-forward."""
 
-    def flush(self) -> Batch:
-        batch = (
-            _collate(self.items, self.cfg.size, self.skipped)
-            if self.items
-            else _skip_marker(self.skipped, self.cfg.size)
-        )
-        self.items, self.skipped = [], 0
-        return batch
+    def __init__(self, stream: _TrainStream, worker: int, workers: int, todo: int) -> None:
+        self.cfg, self.num_classes, self.bad = stream.cfg, stream.num_classes, stream.bad
+        self.max_bad_run = stream.max_bad_run
+        self.rng = random.Random(f"distseq-samples:{stream.seed}:{stream.rank}:{worker}")
+        buf = self.cfg.shuffle_buffer
+        shuffle = wds.shuffle(buf, initial=buf, rng=self.rng)
+        self.samples: Iterator[_Sample] = shuffle(stream.samples(worker, workers))
+        self.todo = todo  # batches still to pass over undecoded
+        self.skipped: list[str] = []  # ids of bad samples since the previous batch
+        self.bad_run = 0
+
+    def batches(self) -> Iterator[list[_Window]]:
+        return self._lanes() if self.cfg.ordered else self._buckets()
+
+    def _buckets(self) -> Iterator[list[_Window]]:
+        """A random window per video, batched in shuffle order within its length bucket."""
+        cfg = self.cfg
+        pending: dict[int, list[_Window]] = {}
+        while True:
+            video = self._video()
+            start = self.rng.randint(0, max(0, len(video.labels) - cfg.frames))
+            window = self._window(video, start, None)
+            if window is None:
+                continue
+            bucket = (len(window.labels) - 1) * cfg.length_buckets // cfg.frames
+            rows = pending.setdefault(bucket, [])
+            rows.append(window)
+            if len(rows) == cfg.batch_size:
+                yield pending.pop(bucket)
+
+    def _lanes(self) -> Iterator[list[_Window]]:
+        """Ordered mode: row b of each batch carries on lane b's video, window after window."""
+        cfg = self.cfg
+        lanes: list[_Lane | None] = [None] * cfg.batch_size
+        while True:
+            rows = []
+            for b, lane in enumerate(lanes):
+                while True:
+                    if lane is None or lane.start >= len(lane.video.labels):
+                        lane = _Lane(self._video())
+                    window = self._window(lane.video, lane.start, lane.params)
+                    if window is not None:
+                        break
+                    lane = None  # a bad frame: the rest of its video goes too
+                lane.params, lane.start = window.params, lane.start + cfg.frames
+                lanes[b] = lane
+                rows.append(window)
+            yield rows
+
+    def _video(self) -> _Video:
+        """The next valid video in shuffle order."""
+        while True:
+            sample = next(self.samples)
+            try:
+                return _video(sample, self.num_classes, self.cfg.frame_stride)
+            except DataError as e:
+                self._fail(sample.id, e)
+
+    def _window(self, video: _Video, start: int, params: augment.Params | None) -> _Window | None:
+        """The window at ``start``, with ``params`` or (None) a fresh draw; None if it is bad."""
+        cfg = self.cfg
+        stop = start + cfg.frames
+        jpegs = video.jpegs[start:stop]
+        try:
+            if params is None:
+                size = _jpeg_size(video.where, jpegs[0])
+                params = augment.draw(cfg.augment, self.rng, *size)
+            first = start == 0 or not cfg.ordered
+            window = _Window(video.key, video.where, jpegs, video.labels[start:stop], params, first)
+            # Passing over batches, decode only the samples that were bad then, to see if they
+            # are bad here: a window of a long video can be fine where another one was not.
+            if not self.todo or video.id in self.bad:
+                window.decode(cfg.size)
+        except DataError as e:
+            self._fail(video.id, e)
+            return None
+        self.bad_run = 0
+        return window
+
+    def _fail(self, sample_id: str, error: DataError) -> None:
+        _on_error(self.cfg.on_error, error, sample_id, self.skipped)
+        self.bad_run += 1
+        # More bad samples in a row than the whole train set holds: nothing usable is left; give
+        # up rather than spin forever and hang this rank.
+        if self.bad_run > self.max_bad_run:
+            raise DataError(
+                f"skipped {self.bad_run} train samples in a row, no usable data left; last: {error}"
+            )
 
 
 class _TrainStream(IterableDataset[Batch]):
     def __init__(
-        self, cfg: DataConfig, urls: list[str], manifest: Manifest, seed: int, rank: int, world: int
+        self,
+        cfg: DataConfig,
+        urls: list[str],
+        manifest: Manifest,
+        seed: int,
+        rank: int,
+        world: int,
+        skip: int,
+        bad: frozenset[str],
     ) -> None:
         self.cfg, self.urls, self.num_classes = cfg, urls, manifest.num_classes
         self.seed, self.rank, self.world = seed, rank, world
-        # Skipping more bad samples in a row than the whole train set holds means nothing usable
-        # is left; give up rather than spin forever and hang this rank.
+        self.skip, self.bad = skip, bad
         total = sum(info.samples for info in manifest.shards.values() if info.split == "train")
         self.max_bad_run = max(total, 1)
 
-    def _samples(self, worker: int, workers: int) -> Iterator[dict[str, Any]]:
-        """Raw samples of this worker's shards, epoch after epoch, forever."""
+    def _epochs(self, first: int, step: int) -> Iterator[_Sample]:
+        """Samples of shards first, first + step, ... of each epoch's shard order, forever."""
         for epoch in itertools.count():
             order = list(self.urls)
-            # Same seed on every rank, so the ranks' slices partition the shards each epoch. The
-            # rank is fixed in the main process rather than re-read in the worker (as
-            # wds.split_by_node does, from env vars first), so the split, the shard-count check
-            # and the RNG seeds below cannot disagree.
+            # Same seed on every rank, so the ranks' slices partition each epoch. The rank is
+            # fixed in the main process rather than re-read in the worker (as wds.split_by_node
+            # does, from env vars first), so the split and the RNG seeds cannot disagree.
             random.Random(f"distseq-shards:{self.seed}:{epoch}").shuffle(order)
-            mine = order[self.rank :: self.world][worker::workers]
             count = 0
-            for url in mine:
+            for url in order[first::step]:
                 for sample in _read_shard(url):
                     count += 1
                     yield sample
             if count == 0:  # an empty shard set would make this loop spin without yielding
-                raise DataError(f"train shards {', '.join(mine)} hold no samples")
+                raise DataError(f"train shards {', '.join(order[first::step])} hold no samples")
+
+    def samples(self, worker: int, workers: int) -> Iterator[_Sample]:
+        """The samples of one (rank, worker) slot, forever; all slots split each epoch."""
+        slots, slot = self.world * workers, self.rank + self.world * worker
+        if len(self.urls) >= slots:
+            return self._epochs(slot, slots)  # = order[rank::world][worker::workers]
+        # Fewer shards than slots: every slot reads them all and keeps every slots-th sample. The
+        # count runs on over epochs, so each slot gets samples even if an epoch has fewer.
+        return itertools.islice(self._epochs(0, 1), slot, None, slots)
 
     def __iter__(self) -> Iterator[Batch]:
-        cfg = self.cfg
-        worker, workers = _worker()
-        rng = random.Random(f"distseq-samples:{self.seed}:{self.rank}:{worker}")
-        buf = cfg.shuffle_buffer
-        samples = wds.shuffle(buf, initial=buf, rng=rng)(self._samples(worker, workers))
-        batcher = _Batcher(cfg)
-        bad_run = 0
-        for sample in samples:
-            try:
-                item = self._window(sample, rng)
-            except DataError as e:
-                batcher.skip(e)
-                bad_run += 1
-                if bad_run > self.max_bad_run:
-                    msg = (
-                        f"skipped {bad_run} train samples in a row, no usable data left; last: {e}"
-                    )
-                    raise DataError(msg) from None
+        loader_worker, workers = _worker()
+        # DataLoader takes batch i from its worker i % workers, starting at worker 0. After
+        # `skip` batches, worker j plays worker (j + skip) % workers of the uninterrupted stream
+        # and passes over that one's share of them: batch i here is batch skip + i there.
+        worker = (loader_worker + self.skip) % workers
+        state = _TrainWorker(self, worker, workers, (self.skip - worker + workers - 1) // workers)
+        size = self.cfg.size
+        for windows in state.batches():
+            skipped, state.skipped = state.skipped, []
+            if state.todo:
+                state.todo -= 1
                 continue
-            bad_run = 0
-            batch = batcher.add(item)
-            if batch is not None:
-                yield batch
-
-    def _window(self, sample: dict[str, Any], rng: random.Random) -> _Item:
-        """A random window of at most ``frames`` frames; only its JPEGs are decoded."""
-        jpegs, labels = _members(sample, self.num_classes)
-        start = rng.randint(0, max(0, len(labels) - self.cfg.frames))
-        stop = start + self.cfg.frames
-        frames = _decode(jpegs[start:stop], start, self.cfg.size, _where(sample))
-        return sample["__key__"], frames, labels[start:stop]
+            rows = [(w.key, w.decode(size), w.labels, w.first) for w in windows]
+            yield _collate(rows, size, skipped, worker)
 
 
 class _ValStream(IterableDataset[Batch]):
@@ -408,32 +626,35 @@ class _ValStream(IterableDataset[Batch]):
     def __iter__(self) -> Iterator[Batch]:
         cfg = self.cfg
         worker, workers = _worker()
-        batcher = _Batcher(cfg)
-        index = 0
+        rows: list[_Row] = []
+        skipped: list[str] = []
+        index, cut = 0, False
         for url in self.urls:
             for sample in _read_shard(url):
                 # Every worker of every rank reads every sample (cheap: no decoding) so that the
                 # global index, and with it the rank/worker split, is the same everywhere.
                 mine = index % self.world == self.rank and (index // self.world) % workers == worker
                 index += 1
+                cut = cut or bool(sample.cut)
                 if not mine:
                     continue
-
                 try:
-                    jpegs, labels = _members(sample, self.num_classes)
-                    frames = _decode(jpegs, 0, cfg.size, _where(sample))
+                    video = _video(sample, self.num_classes, cfg.frame_stride)
+                    frames = _decode(video.jpegs, video.where, cfg.size)
                 except DataError as e:
-                    batcher.skip(e)
+                    _on_error(cfg.on_error, e, sample.id, skipped)
                     continue
-                batch = batcher.add((sample["__key__"], frames, labels))
-                if batch is not None:
-                    yield batch
-        if index != self.total:
+                rows.append((video.key, frames, video.labels, True))
+                if len(rows) == cfg.batch_size:
+                    yield _collate(rows, cfg.size, skipped, worker)
+                    rows, skipped = [], []
+        # A cut-off shard holds fewer samples than index.json says (the cut one was reported).
+        if index > self.total or (index < self.total and not cut):
             raise DataError(
                 f"val shards {self.urls[0]}... hold {index} samples, index.json says {self.total}"
             )
-        if batcher.items or batcher.skipped:
-            yield batcher.flush()
+        if rows or skipped:
+            yield _collate(rows, cfg.size, skipped, worker)
 
 
 def _val_batch_count(total: int, world: int, workers: int, batch_size: int) -> int:
@@ -457,15 +678,13 @@ def _empty_batch(size: int) -> Batch:
 
 
 def _loader(dataset: IterableDataset[Batch], num_workers: int) -> Iterator[Batch]:
-    """Run the stream in DataLoader workers; add skip counts up here, in the main process."""
-    global _skipped
+    """Run the stream in DataLoader workers, with one-line errors."""
     loader = DataLoader(
         dataset, batch_size=None, num_workers=num_workers, pin_memory=torch.cuda.is_available()
     )
     batches = iter(loader)
     try:
         for batch in batches:
-            _skipped += batch.skipped
             if batch.frames.shape[0] > 0:
                 yield batch
         return
@@ -480,19 +699,23 @@ def _loader(dataset: IterableDataset[Batch], num_workers: int) -> Iterator[Batch
     raise DataError(message)
 
 
-def train_batches(cfg: DataConfig, seed: int) -> Iterator[Batch]:
-    """This rank's infinite stream of training batches; deterministic for (seed, rank, workers)."""
+def train_batches(
+    cfg: DataConfig, seed: int, skip_batches: int = 0, bad: Collection[str] = ()
+) -> Iterator[Batch]:
+    """This rank's infinite stream of training batches; deterministic for (seed, rank, workers).
+
+    ``skip_batches``: start right after the stream's first so many batches, which are read and
+    drawn for but not decoded, so a resumed run gets the batches an uninterrupted one would.
+    ``bad``: the ids in ``Batch.skipped`` of those batches; only these samples are decoded while
+    passing over them, to find where they failed.
+    """
+    if skip_batches < 0:
+        raise ValueError(f"skip_batches={skip_batches}: must be >= 0")
     urls = _expand(cfg.train, "data.train")
     _check_shards_exist(urls)
     manifest = load_manifest(cfg)
     rank, world = _rank_world()
-    needed = world * max(1, cfg.num_workers)
-    if len(urls) < needed:
-        raise DataError(
-            f"data.train has {len(urls)} shards but {world} ranks x {max(1, cfg.num_workers)} "
-            f"workers need at least {needed} (one per worker); write more, smaller shards"
-        )
-    stream = _TrainStream(cfg, urls, manifest, seed, rank, world)
+    stream = _TrainStream(cfg, urls, manifest, seed, rank, world, skip_batches, frozenset(bad))
     return _loader(stream, cfg.num_workers)
 
 
@@ -504,7 +727,7 @@ def val_batches(cfg: DataConfig, manifest: Manifest) -> Iterator[Batch]:
     _check_shards_exist(urls)
     total = 0
     for url in urls:
-        info = manifest.shards.get(Path(urlparse(url).path).name)
+        info = manifest.shards.get(_shard_name(url))
         if info is None:
             raise DataError(f"val shard {url} is not listed in index.json")
         total += info.samples
