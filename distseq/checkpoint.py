@@ -8,7 +8,9 @@ Layout under ``<train.out_dir>/checkpoints``::
         __<rank>_0.distcp    every rank writes its own shards, nothing is gathered on one rank
         meta.json            position (step, batches consumed per rank, seed), world size,
                              LR schedule, classes, config, last metrics (written by rank 0)
-        rng_rank<r>.pt       rank r's RNG states: python, numpy, torch CPU, CUDA
+        rank<r>.pt           what only rank r knows (RankState): its RNG states (python, numpy,
+                             torch CPU, CUDA), the bad samples its stream skipped, and the RNN
+                             states it carries from window to window in ordered mode
     step_00000600.tmp/       a save in progress or a killed one: never read, removed by the
                              next save
 
@@ -31,7 +33,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from distseq.config import Config
+from distseq.model import RNNState
 
-FORMAT = 1
+FORMAT = 2
 _STEP_RE = re.compile(r"step_(\d{8})")
 
 
@@ -67,6 +70,16 @@ class Position:
     step: int = 0  # optimizer steps taken
     batches: int = 0  # training batches each rank has consumed
     seed: int = 0  # of the data stream
+
+
+@dataclass
+class RankState:
+    """What one rank alone knows. The data position plus ``skipped`` lets the stream seek
+    without decoding; ``carries`` are the RNN states of the lanes of each loader worker."""
+
+    skipped: list[str] = field(default_factory=list)  # data.Batch.skipped ids, in order
+    carries: dict[int, RNNState] = field(default_factory=dict)  # by loader worker
+    rng: dict[str, Any] | None = None  # as read back; a save takes the current states
 
 
 @dataclass
@@ -163,6 +176,10 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _to_cpu(state: RNNState) -> RNNState:
+    return (state[0].cpu(), state[1].cpu()) if isinstance(state, tuple) else state.cpu()
+
+
 def _reseed(seed: int, rank: int, step: int) -> None:
     derived = random.Random(f"distseq-rng:{seed}:{rank}:{step}").getrandbits(32)
     random.seed(derived)
@@ -176,6 +193,7 @@ def save_checkpoint(
     position: Position,
     metrics: dict[str, float],
     keep_last: int,
+    rank_state: RankState | None = None,
 ) -> Path:
     """Write this rank's part of the checkpoint at ``position``; every rank must call this."""
     rank, world = _rank_world()
@@ -185,9 +203,11 @@ def save_checkpoint(
         _remove_partial(root)
         tmp.mkdir(parents=True)
     _barrier()
+    mine = rank_state or RankState()
+    carries = {w: _to_cpu(state) for w, state in mine.carries.items()}
     buffer = io.BytesIO()
-    torch.save(_rng_state(), buffer)
-    _write_durably(tmp / f"rng_rank{rank}.pt", buffer.getvalue())
+    torch.save({"rng": _rng_state(), "skipped": mine.skipped, "carries": carries}, buffer)
+    _write_durably(tmp / f"rank{rank}.pt", buffer.getvalue())
     model_state, optim_state = get_state_dict(state.model, state.optimizer)
     try:
         with _single_process_is_fine():
@@ -344,15 +364,15 @@ def load_checkpoint(path: Path, state: TrainState) -> Resumed:
     return Resumed(path, position, meta["world"], meta["metrics"])
 
 
-def restore_rng(resumed: Resumed) -> None:
-    """Put back this rank's RNG states, as the saving run had them after the saved step.
+def read_rank_state(resumed: Resumed) -> RankState:
+    """This rank's part of the checkpoint; apply its RNG states with :func:`restore_rng`.
 
-    A rank the saving run did not have (more ranks now than then) re-seeds deterministically
-    from (seed, rank, step). With another world size the data each rank reads differs anyway,
-    so such a run continues sensibly but is not the run that was saved.
+    A rank the saving run did not have (more ranks now than then) gets an empty state and will
+    re-seed deterministically from (seed, rank, step). With another world size the data each
+    rank reads differs anyway, so such a run continues sensibly but is not the run that was
+    saved; it starts its RNN states afresh.
     """
     rank, world = _rank_world()
-    position = resumed.position
     if world != resumed.world:
         reseeded = (
             f"; ranks {resumed.world} and up re-seed their RNG from seed, rank and step"
@@ -364,11 +384,21 @@ def restore_rng(resumed: Resumed) -> None:
             f"data order and random draws differ from the saved run{reseeded}"
         )
     if rank >= resumed.world:
-        _reseed(position.seed, rank, position.step)
-        return
-    file = resumed.path / f"rng_rank{rank}.pt"
+        return RankState()
+    file = resumed.path / f"rank{rank}.pt"
     try:
         state = torch.load(file, weights_only=True)
+        rng, skipped, carries = state["rng"], list(state["skipped"]), dict(state["carries"])
     except Exception as e:  # a missing or corrupt file: any error torch.load raises
         raise unreadable("checkpoint", file, e) from None
-    _set_rng_state(state)
+    if world != resumed.world:
+        return RankState(rng=rng)
+    return RankState(skipped, carries, rng)
+
+
+def restore_rng(resumed: Resumed, rank_state: RankState) -> None:
+    """Put back this rank's RNG states as the saving run had them after the saved step."""
+    if rank_state.rng is None:
+        _reseed(resumed.position.seed, _rank_world()[0], resumed.position.step)
+    else:
+        _set_rng_state(rank_state.rng)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -21,17 +22,19 @@ from tqdm import tqdm
 from distseq import data
 from distseq.checkpoint import (
     Position,
+    RankState,
     TrainingError,
     TrainState,
     latest_checkpoint,
     load_checkpoint,
+    read_rank_state,
     restore_rng,
     save_checkpoint,
 )
 from distseq.config import Config, OptimConfig, to_yaml
 from distseq.data import Batch
 from distseq.memory import apply_memory_policy
-from distseq.model import build_model
+from distseq.model import Carry, build_model
 from distseq.parallel import (
     DistInfo,
     all_reduce_sum,
@@ -103,19 +106,29 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
 
 
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: list[Batch], world: int
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Batch],
+    world: int,
+    carries: dict[int, Carry] | None = None,
 ) -> tuple[float, int]:
     """Forward and backward over the micro-batches of one optimizer step.
 
     Returns the mean loss per real frame over the global batch and the global frame count. Each
     rank's loss is scaled so that the gradient average that DDP and FSDP perform gives exactly
     the gradient of the global mean, whatever the padding on each rank.
+
+    ``carries`` (ordered mode): the RNN state of each loader worker's lanes, carried across
+    batches; each worker's batches continue its own videos.
     """
     frames = all_reduce_sum(sum(b.mask.sum() for b in micro_batches).double())  # type: ignore[union-attr]
     total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].mask.device)
     for i, batch in enumerate(micro_batches):
+        carry = None if carries is None else carries.setdefault(batch.worker, Carry())
+        if carry is not None:
+            carry.reset(batch.starts)
         with gradient_sync(model, enabled=i == len(micro_batches) - 1):
-            logits = model(batch.frames, batch.mask)
+            logits = model(batch.frames, batch.mask, carry)
             loss_sum = F.cross_entropy(
                 logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="sum"
             )
@@ -173,6 +186,25 @@ def _micro_batches(stream: Iterator[Batch], n: int, device: torch.device) -> lis
     return [next(stream).to(device) for _ in range(n)]
 
 
+def _carries(cfg: Config, saved: RankState, device: torch.device) -> dict[int, Carry] | None:
+    if not cfg.data.ordered:
+        return None
+    carries = {}
+    for worker, state in saved.carries.items():
+        carries[worker] = carry = Carry()
+        carry.state = (
+            (state[0].to(device), state[1].to(device))
+            if isinstance(state, tuple)
+            else state.to(device)
+        )
+    return carries
+
+
+def _rank_state(skipped: list[str], carries: dict[int, Carry] | None) -> RankState:
+    held = (carries or {}).items()
+    return RankState(skipped, {w: c.state for w, c in held if c.state is not None})
+
+
 def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """Run one training job as this process's rank; returns the final metrics.
 
@@ -215,16 +247,18 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
     if position.step >= last_step:  # nothing left to train, e.g. a finished run launched again
         return metrics
 
-    stream = data.train_batches(cfg.data, seed=position.seed)
-    # The stream is deterministic for its seed, so reading past the batches already trained on
-    # puts it exactly where the saved run was. Simple and exact, but it decodes them all; a
-    # stream that can seek would be faster.
-    for _ in range(position.batches):
-        next(stream)
+    saved = RankState() if resumed is None else read_rank_state(resumed)
+    # The stream is deterministic for its seed; it seeks past the batches already trained on
+    # without decoding them, given which samples turned out bad on the way.
+    stream = data.train_batches(
+        cfg.data, seed=position.seed, skip_batches=position.batches, bad=set(saved.skipped)
+    )
+    stream = itertools.chain([next(stream)], stream)
     if resumed is not None:
-        # Only now: starting the loader above drew its workers' base seed from torch's RNG, as
-        # the uninterrupted run did at its first step.
-        restore_rng(resumed)
+        # Only now: starting the loader just above drew its workers' base seed from torch's
+        # RNG, as the uninterrupted run did at its first step.
+        restore_rng(resumed, saved)
+    skipped, carries = saved.skipped, _carries(cfg, saved, info.device)
 
     first = position.step + 1
     # Redraws are for terminals; in a log file each one is a line, so write one every 30 s.
@@ -239,7 +273,7 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
     for step in range(first, last_step + 1):
         batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
         start = time.perf_counter()
-        loss, frames = train_step(model, optimizer, batches, info.world)
+        loss, frames = train_step(model, optimizer, batches, info.world, carries)
         if step == first:
             check_every_parameter_has_grad(model)
         grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
@@ -253,10 +287,12 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
         position = Position(step, position.batches + len(batches), position.seed)
         metrics = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
         metrics["frames_per_s"] = frames / seconds
-        metrics["skipped_samples"] = data.skipped_samples()
+        skipped += [bad for batch in batches for bad in batch.skipped]
         bar.set_postfix(loss=f"{loss:.4f}", refresh=False)  # a refresh per step floods logs
         bar.update()
         if step % cfg.train.log_every == 0 or step == cfg.train.steps:
+            count = torch.tensor([float(len(skipped))], device=info.device)
+            metrics["skipped_samples"] = int(all_reduce_sum(count).item())  # all ranks, all legs
             log.write(metrics)
             bar.write(
                 f"step {step}: loss {loss:.4f}  lr {lr:.2e}  grad_norm {grad_norm:.3f}  "
@@ -277,7 +313,8 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
             or stopping
             or (cfg.train.save_every and step % cfg.train.save_every == 0)
         ):
-            save_checkpoint(checkpoints, state, position, metrics, cfg.train.keep_last)
+            rank_state = _rank_state(skipped, carries)
+            save_checkpoint(checkpoints, state, position, metrics, cfg.train.keep_last, rank_state)
         if stopping and step < last_step:
             bar.close()
             raise Interrupted(step)
