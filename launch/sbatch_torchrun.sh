@@ -10,7 +10,9 @@
 #SBATCH --requeue
 set -euo pipefail
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-# A requeued job runs this script again; distseq train resumes from the run's latest checkpoint.
+# On preemption SLURM sends SIGTERM; torchrun passes it to its workers, which save a checkpoint
+# together at the next step boundary and exit. --requeue brings the job back, and distseq train
+# resumes from the run's latest checkpoint. Leave GraceTime/KillWait room for one step and a save.
 srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
     --rdzv_backend=c10d --rdzv_endpoint="$head:29500" \
     -m distseq train "$@"
