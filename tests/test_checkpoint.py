@@ -8,9 +8,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +323,31 @@ def test_ordered_mode_resumes_with_the_carried_rnn_states(shards: Path, tmp_path
     assert history(run) == history(tmp_path / "ref")
     final = [full_state(r / "checkpoints" / "step_00000006") for r in (run, tmp_path / "ref")]
     assert_identical(*final)
+
+
+def test_sigterm_to_torchrun_saves_before_the_workers_exit(shards: Path, tmp_path: Path) -> None:
+    # As SLURM preempting an sbatch job that runs torchrun: the agent passes SIGTERM on.
+    config = tiny_config(tmp_path, shards)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "distseq", "train"]
+    cmd += [str(config), "train.steps=500", f"train.out_dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    agent = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        metrics = run / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and '"step": 2,' in metrics.read_text()):
+            assert agent.poll() is None and time.monotonic() < deadline, "training never started"
+            time.sleep(0.2)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=120)
+    finally:
+        agent.kill()
+    assert agent.returncode != 0
+    stopped = re.findall(r"\(rank (\d)\): stopped on request after step (\d+), saved", err)
+    assert sorted(rank for rank, _ in stopped) == ["0", "1"], err[-3000:]
+    step = int(stopped[0][1])
+    assert 2 <= step < 500 and latest(run) == f"step_{step:08d}"
