@@ -1,0 +1,66 @@
+"""``distseq bench data``: well-formed, self-consistent records (no timing thresholds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from distseq.bench_data import Record
+from distseq.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_json_records_are_consistent() -> None:
+    cmd = [sys.executable, "-m", "distseq", "bench", "data", "--size", "32", "--frames", "10"]
+    cmd += ["--count", "40", "--workers", "1", "--model-fps", "50000", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(r["augment"], r["workers"]) for r in records] == [
+        (False, 0),
+        (False, 1),
+        (True, 0),
+        (True, 1),
+    ]
+    per_worker = {r["augment"]: r["fps"] for r in records if r["workers"] == 0}
+    for r in records:
+        assert set(r) == {f.name for f in fields(Record)}
+        assert (r["size"], r["window"], r["model_fps"]) == (32, 10, 50000)
+        # Synthetic sequences are one window long and 40 frames are two whole batches of 2.
+        assert r["frames"] == r["plain_frames"] == 40
+        assert r["seconds"] > 0 and r["plain_seconds"] > 0
+        assert r["fps"] == pytest.approx(r["frames"] / r["seconds"])
+        assert r["plain_fps"] == pytest.approx(r["plain_frames"] / r["plain_seconds"])
+        assert r["ratio"] == pytest.approx(r["fps"] / r["plain_fps"])
+        assert r["workers_needed"] == math.ceil(50000 / per_worker[r["augment"]])
+
+
+def test_given_shards_print_a_table(shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pattern = str(shards / "train-{000000..000003}.tar")
+    argv = ["bench", "data", "--shards", pattern, "--size", "32", "--frames", "12"]
+    assert main([*argv, "--count", "30", "--workers", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = ["augment", "workers", "frames", "frames/s", "plain/s", "/plain", "needed"]
+    assert lines[1].split() == header
+    rows = [line.split() for line in lines[2:]]
+    assert [row[:2] for row in rows] == [["off", "0"], ["on", "0"]]
+    # Sequences of 9-12 frames: the last batch may pass the count.
+    assert all(int(row[2]) >= 30 for row in rows)
+
+
+def test_missing_shards_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "train-000000.tar"
+    assert main(["bench", "data", "--shards", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(missing) in err, err

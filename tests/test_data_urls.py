@@ -1,0 +1,114 @@
+"""The loader reads shards given as webdataset URLs: path, file:, pipe: and http (via curl)."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from itertools import islice
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from distseq.config import DataConfig
+from distseq.data import DataError, train_batches
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+PATTERN = "train-{000000..000003}.tar"  # the conftest shards: 4 train shards of 2 sequences
+BATCHES = 3
+TIMEOUT_S = 30
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # keep pytest's output readable
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_root(shards: Path) -> Iterator[str]:
+    """http://127.0.0.1:PORT serving the shard directory, from a thread of this process."""
+    if shutil.which("curl") is None:
+        pytest.fail("curl not found: webdataset opens http:// shards with curl")
+    handler = functools.partial(_QuietHandler, directory=str(shards))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # curl would send even 127.0.0.1 through a proxy set in the environment.
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+
+@pytest.fixture(autouse=True)
+def deadline() -> Iterator[None]:
+    """Fail, rather than hang, a test whose loader blocks on a shard that never comes."""
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"loader still blocked after {TIMEOUT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(TIMEOUT_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _cfg(train: str, manifest: str = "", num_workers: int = 0) -> DataConfig:
+    return DataConfig(
+        train=train,
+        manifest=manifest,
+        size=32,
+        frames=8,
+        batch_size=2,
+        num_workers=num_workers,
+        shuffle_buffer=4,
+    )
+
+
+def _take(cfg: DataConfig) -> list[tuple[list[str], list[list[int]]]]:
+    return [(b.keys, b.labels.tolist()) for b in islice(train_batches(cfg, seed=3), BATCHES)]
+
+
+def _url(kind: str, name: str, shards: Path, request: pytest.FixtureRequest) -> str:
+    if kind == "file":
+        return f"{shards.as_uri()}/{name}"
+    if kind == "pipe":
+        return f"pipe:cat {shards}/{name}"
+    # Looked up only here, so that without curl just the http cases fail.
+    return f"{request.getfixturevalue('http_root')}/{name}"
+
+
+@pytest.mark.parametrize("kind", ["file", "pipe", "http"])
+def test_url_gives_the_same_batches_as_the_path(
+    kind: str, shards: Path, request: pytest.FixtureRequest
+) -> None:
+    expected = _take(_cfg(str(shards / PATTERN)))
+    assert len(expected) == BATCHES and all(keys for keys, _ in expected)
+    # Only local shards have a directory in which to find index.json by default.
+    manifest = "" if kind == "file" else str(shards / "index.json")
+    assert _take(_cfg(_url(kind, PATTERN, shards, request), manifest)) == expected
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("kind", ["pipe", "http"])
+def test_missing_remote_shard_is_a_one_line_error(
+    kind: str, num_workers: int, shards: Path, request: pytest.FixtureRequest
+) -> None:
+    url = _url(kind, "missing.tar", shards, request)
+    cfg = _cfg(url, str(shards / "index.json"), num_workers)
+    with pytest.raises(DataError) as info:
+        _take(cfg)
+    message = str(info.value)
+    assert "\n" not in message and url in message, message
