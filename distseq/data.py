@@ -202,7 +202,7 @@ def _local_path(url: str) -> Path | None:
     if parsed.scheme == "":
         return Path(url)
     if parsed.scheme == "file":
-        return Path(parsed.path)
+        return Path(re.sub("^file://?", "", url))  # as webdataset opens it: file:///abs
     return None  # pipe:, http:, ...: webdataset opens these; errors surface when read
 
 
@@ -316,10 +316,25 @@ def _read_shard(url: str) -> Iterator[_Sample]:
         if isinstance(e.__context__, GeneratorExit):
             return  # closed before the end, and the pipe: command complained: nothing is lost
         if sample is None:
-            raise DataError(f"shard {url}: cannot read: {_first_line(e)}") from None
-        sample.cut = f"{sample.where}: the shard is cut off in this sample: {_first_line(e)}"
+            raise DataError(f"shard {url}: cannot read: {_read_error(e)}") from None
+        sample.cut = f"{sample.where}: the shard is cut off in this sample: {_read_error(e)}"
     if sample is not None:
         yield sample
+
+
+# curl's exit codes for the failures a shard URL meets (webdataset opens http(s) with curl).
+_CURL_EXITS = {6: "host not found", 7: "connection refused", 22: "HTTP error", 28: "timed out"}
+
+
+def _read_error(error: BaseException) -> str:
+    """One readable line: webdataset reports a failed ``pipe:`` or curl command as the repr of
+    its arguments and its Pipe object."""
+    status = re.search(r"exit (\d+) \((?:read|write)\)", str(error))
+    if status is None:
+        return _first_line(error)
+    code = int(status[1])
+    curl = f" ({_CURL_EXITS[code]})" if "'curl'" in str(error) and code in _CURL_EXITS else ""
+    return f"the command exited with status {code}{curl}"
 
 
 @dataclass

@@ -112,3 +112,6 @@ def test_missing_remote_shard_is_a_one_line_error(
         _take(cfg)
     message = str(info.value)
     assert "\n" not in message and url in message, message
+    # cat's status 1; curl's 22 is an HTTP error (the 404)
+    reason = "status 1" if kind == "pipe" else "status 22 (HTTP error)"
+    assert message.endswith(f"cannot read: the command exited with {reason}"), message
