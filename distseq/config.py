@@ -110,6 +110,12 @@ class DataConfig:
             self.length_buckets,
             f"must be in [0, data.frames={self.frames}]",
         )
+        _check(
+            not (self.ordered and self.length_buckets),
+            "data.length_buckets",
+            self.length_buckets,
+            "must be 0 with data.ordered=true: a lane of windows cannot wait for a bucket",
+        )
 
 
 @dataclass

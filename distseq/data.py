@@ -32,7 +32,7 @@ ordered train mode (``ordered``): videos still come from the shuffle buffer, but
 consecutive windows of ``frames`` frames (the last may be shorter). A worker keeps ``batch_size``
 lanes: row b of its successive batches carries on one video window after window, and when the
 video ends the lane takes the next one and sets ``Batch.starts[b]``. Augmentation is drawn once
-per video. ``length_buckets`` does not apply (a lane cannot wait for a bucket).
+per video. (The config refuses ``length_buckets`` here: a lane cannot wait for a bucket.)
 
 DataLoader hands out batch i from worker i % workers, so ``Batch.worker`` = i % workers. A resumed
 run passes ``skip_batches`` (and the ids its skipped batches reported as bad): each worker then

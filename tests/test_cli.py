@@ -42,12 +42,13 @@ def distseq(*args: str, cwd: Path, torchrun: int = 0) -> subprocess.CompletedPro
         ("model.backbone.name=resnet7", "model.backbone.name"),
         ("model.backbone.weights=/nonexistent.pth", "model.backbone.weights"),
         ("data.train=", "data.train"),  # no shards at all
+        ("data.length_buckets=2 data.ordered=true", "data.length_buckets"),  # keys that clash
     ],
 )
 def test_config_errors_name_the_key_and_exit_2(
     override: str, key: str, tmp_path: Path, shards: Path
 ) -> None:
-    proc = distseq("train", str(tiny_config(tmp_path, shards)), override, cwd=tmp_path)
+    proc = distseq("train", str(tiny_config(tmp_path, shards)), *override.split(), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and "Traceback" not in proc.stderr, proc.stderr

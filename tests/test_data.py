@@ -366,8 +366,7 @@ def test_length_buckets_cut_padding_and_lose_nothing(shards: Path) -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ordered_lanes_walk_through_whole_videos(shards: Path, workers: int) -> None:
-    # length_buckets is ignored in ordered mode
-    cfg = _cfg(shards, ordered=True, frames=4, num_workers=workers, length_buckets=2)
+    cfg = _cfg(shards, ordered=True, frames=4, num_workers=workers)
     # A lane is one row of one worker's batches: its windows, as (key, starts, frames, labels).
     lanes: dict[tuple[int, int], list[tuple[str, bool, torch.Tensor, list[int]]]]
     lanes = defaultdict(list)
