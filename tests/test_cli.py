@@ -122,7 +122,7 @@ def test_submit_dry_run_shows_the_sbatch_script(tmp_path: Path, shards: Path) ->
         "--partition=gpu",
         "--time=1470",
         "--account=lab",
-        "--signal=USR2@90",
+        "--signal=USR2@120",
     ):
         assert f"#SBATCH {line}" in proc.stdout, line
     bad = distseq("submit", config, "--time", "1 day", "--dry-run", cwd=tmp_path)
