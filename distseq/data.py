@@ -56,7 +56,6 @@ import io
 import itertools
 import json
 import logging
-import math
 import random
 import re
 import tarfile
@@ -75,7 +74,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2.functional import resize
 
-from distseq import augment
+from distseq import augment, sharedmem
 from distseq.config import ConfigError, DataConfig, OnError
 
 if TYPE_CHECKING:
@@ -122,6 +121,7 @@ class Batch:
     # state from batch to batch must reset it. Left out: all True, as outside ordered mode.
     starts: torch.Tensor = field(default_factory=_unset_starts)
     worker: int = 0  # the worker stream that made it; train batch i comes from worker i % workers
+    segment: tuple[int, int] = (-1, -1)  # (loader worker, shared-memory segment) frames are in
 
     def __post_init__(self) -> None:
         if self.starts.numel() == 0:
@@ -419,7 +419,8 @@ def _decode(jpegs: list[tuple[int, bytes]], where: str, size: int | None = None)
         if size is not None and img.shape[-2:] != (size, size):
             img = resize(img, [size, size], antialias=True)
         if out is None:
-            out = _channels_last((len(jpegs), *img.shape))
+            hwc = torch.empty((len(jpegs), *img.shape[1:], 3), dtype=torch.uint8)
+            out = hwc.permute(0, 3, 1, 2)
         elif img.shape != out.shape[1:]:
             raise DataError(
                 f"{where}: frame {number:06d}.jpg is {img.shape[1]}x{img.shape[2]}, frame "
@@ -428,24 +429,6 @@ def _decode(jpegs: list[tuple[int, bytes]], where: str, size: int | None = None)
         out[i] = img
     assert out is not None, "a video has at least one frame"
     return out
-
-
-def _channels_last(shape: tuple[int, ...], shared: bool = False) -> torch.Tensor:
-    """An uninitialised uint8 tensor of ``shape`` [..., 3, H, W], stored as [..., H, W, 3].
-
-    ``shared``: in shared memory when in a DataLoader worker, as torch's default_collate does, so
-    that handing the batch to the main process does not copy it there (a third of the cost of
-    decoding)."""
-    *lead, c, h, w = shape
-    dims = len(lead)
-    order = (*range(dims), dims + 2, dims, dims + 1)
-    stored = (*lead, h, w, c)
-    if shared and get_worker_info() is not None:
-        storage = torch.UntypedStorage._new_shared(math.prod(stored))
-        out = torch.empty(0, dtype=torch.uint8).set_(storage).view(stored)
-    else:
-        out = torch.empty(stored, dtype=torch.uint8)
-    return out.permute(order)
 
 
 def _on_error(on_error: OnError, error: DataError, sample_id: str, skipped: list[str]) -> None:
@@ -463,7 +446,9 @@ def _collate(rows: list[_Row], size: int, skipped: list[str], worker: int) -> Ba
     """Pad to the longest sequence in the batch; padding is masked out and ignored by the loss.
     With no rows, a batch that only carries skipped ids home from a worker; never yielded."""
     length = max((len(y) for _, _, y, _ in rows), default=1)
-    frames = _channels_last((len(rows), length, 3, size, size), shared=True)
+    # Channels last like the decoded frames; in a worker, in a shared-memory segment it reuses.
+    hwc, segment = sharedmem.uint8_buffer((len(rows), length, size, size, 3))
+    frames = hwc.permute(0, 1, 4, 2, 3)
     labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.int64)
     mask = torch.zeros((len(rows), length), dtype=torch.bool)
     for b, (_, x, y, _) in enumerate(rows):
@@ -472,7 +457,8 @@ def _collate(rows: list[_Row], size: int, skipped: list[str], worker: int) -> Ba
         labels[b, : len(y)] = torch.tensor(y, dtype=torch.int64)
         mask[b, : len(y)] = True
     starts = torch.tensor([start for *_, start in rows], dtype=torch.bool)
-    return Batch(frames, labels, mask, [row[0] for row in rows], skipped, starts, worker)
+    keys = [row[0] for row in rows]
+    return Batch(frames, labels, mask, keys, skipped, starts, worker, segment)
 
 
 @dataclass
@@ -610,6 +596,7 @@ class _TrainStream(IterableDataset[Batch]):
         self.cfg, self.urls, self.num_classes = cfg, urls, manifest.num_classes
         self.seed, self.rank, self.world = seed, rank, world
         self.skip, self.bad = skip, bad
+        self.pools: sharedmem.Pools | None = None  # set by _loader
         total = sum(info.samples for info in manifest.shards.values() if info.split == "train")
         self.max_bad_run = max(total, 1)
 
@@ -661,6 +648,7 @@ class _ValStream(IterableDataset[Batch]):
     ) -> None:
         self.cfg, self.urls, self.num_classes = cfg, urls, num_classes
         self.total, self.rank, self.world = total, rank, world
+        self.pools: sharedmem.Pools | None = None  # set by _loader
 
     def __iter__(self) -> Iterator[Batch]:
         cfg = self.cfg
@@ -716,14 +704,19 @@ def _empty_batch(size: int) -> Batch:
     )
 
 
-def _loader(dataset: IterableDataset[Batch], num_workers: int) -> Iterator[Batch]:
+def _loader(dataset: _TrainStream | _ValStream, num_workers: int) -> Iterator[Batch]:
     """Run the stream in DataLoader workers, with one-line errors."""
+    pools = dataset.pools = sharedmem.Pools.for_workers(num_workers) if num_workers else None
     loader = DataLoader(
         dataset, batch_size=None, num_workers=num_workers, pin_memory=torch.cuda.is_available()
     )
     batches = iter(loader)
     try:
         for batch in batches:
+            if pools is not None and batch.segment[0] >= 0:
+                if not batch.frames.is_pinned():  # pinning for the GPU made a copy already
+                    batch = replace(batch, frames=batch.frames.clone())
+                pools.release(*batch.segment)
             if batch.frames.shape[0] > 0:
                 yield batch
         return

@@ -519,3 +519,16 @@ def test_fewer_shards_than_ranks_x_workers(tmp_path: Path) -> None:
             for key in batch["keys"]
         ]
         assert sorted(keys) == everything, epoch
+
+
+def test_workers_reuse_shared_memory_without_touching_held_batches(shards: Path) -> None:
+    # Windows of 8 out of 9-14-frame videos: every batch has the same shape, so segments recur.
+    cfg = _cfg(shards, frames=8, num_workers=1)
+    held = list(islice(train_batches(cfg, seed=3), 10))  # all kept while the worker goes on
+    expected = list(islice(train_batches(replace(cfg, num_workers=0), seed=3), 10))
+    for got, want in zip(held, expected, strict=True):
+        assert got.keys == want.keys and torch.equal(got.frames, want.frames)
+        assert got.frames.stride() == want.frames.stride()  # channels last, as decoded
+    segments = {b.segment for b in held}
+    assert all(worker == 0 for worker, _ in segments)
+    assert len(segments) <= 4, segments  # prefetched batches in flight, then reuse
