@@ -95,7 +95,11 @@ def _exit_stopped(stop: StopSignals, cfg: Config, step: int) -> NoReturn:
             "again to go on"
         )
     if first:
-        subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
+        try:
+            subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            msg = f"job {job}: saved step {step}, but could not requeue: {e}"
+            raise TrainingError(msg) from None
         print(
             f"distseq: {names}: saved step {step}, requeued job {job} "
             f"({requeues + 1} of train.max_requeues={cfg.train.max_requeues})",
