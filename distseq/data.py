@@ -401,15 +401,18 @@ def _jpeg_size(where: str, jpeg: tuple[int, bytes]) -> tuple[int, int]:
         raise _bad_jpeg(where, number, e) from None
 
 
-def _decode(jpegs: list[tuple[int, bytes]], where: str, size: int | None = None) -> torch.Tensor:
-    """Frames as uint8 [T, 3, H, W]: each resized to ``size`` x ``size``, or, with no size, all at
+def _decode(
+    jpegs: list[tuple[int, bytes]], where: str, size: int | None = None
+) -> list[torch.Tensor]:
+    """Frames as uint8 [3, H, W] each: resized to ``size`` x ``size``, or, with no size, all at
     the stored size of the first, which the others must share.
 
-    Channels last in memory ([T, H, W, 3] permuted), as libjpeg writes them: copying into a
-    channels-first tensor costs more than half the decode, and resizing is 3x faster this way.
+    Channels last in memory, as libjpeg writes them: copying into channels-first costs more
+    than half the decode, and resizing is 3x faster this way. Not stacked: where nothing else
+    changes them, the frames are copied once, straight into the batch.
     """
-    out: torch.Tensor | None = None
-    for i, (number, data) in enumerate(jpegs):
+    out: list[torch.Tensor] = []
+    for number, data in jpegs:
         try:
             img = decode_jpeg(
                 torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB
@@ -418,16 +421,21 @@ def _decode(jpegs: list[tuple[int, bytes]], where: str, size: int | None = None)
             raise _bad_jpeg(where, number, e) from None
         if size is not None and img.shape[-2:] != (size, size):
             img = resize(img, [size, size], antialias=True)
-        if out is None:
-            hwc = torch.empty((len(jpegs), *img.shape[1:], 3), dtype=torch.uint8)
-            out = hwc.permute(0, 3, 1, 2)
-        elif img.shape != out.shape[1:]:
+        if out and img.shape != out[0].shape:
             raise DataError(
                 f"{where}: frame {number:06d}.jpg is {img.shape[1]}x{img.shape[2]}, frame "
-                f"{jpegs[0][0]:06d}.jpg {out.shape[2]}x{out.shape[3]}"
+                f"{jpegs[0][0]:06d}.jpg {out[0].shape[1]}x{out[0].shape[2]}"
             )
-        out[i] = img
-    assert out is not None, "a video has at least one frame"
+        out.append(img)
+    return out
+
+
+def _stack(frames: list[torch.Tensor]) -> torch.Tensor:
+    """[T, 3, H, W], channels last in memory like the frames."""
+    hwc = torch.empty((len(frames), *frames[0].shape[1:], 3), dtype=torch.uint8)
+    out = hwc.permute(0, 3, 1, 2)
+    for i, frame in enumerate(frames):
+        out[i] = frame
     return out
 
 
@@ -439,7 +447,8 @@ def _on_error(on_error: OnError, error: DataError, sample_id: str, skipped: list
     skipped.append(sample_id)
 
 
-_Row = tuple[str, torch.Tensor, list[int], bool]  # key, frames [T, 3, S, S], labels, starts video
+# key, frames ([T, 3, S, S] or T of [3, S, S]), labels, starts a video
+_Row = tuple[str, torch.Tensor | list[torch.Tensor], list[int], bool]
 
 
 def _collate(rows: list[_Row], size: int, skipped: list[str], worker: int) -> Batch:
@@ -452,7 +461,11 @@ def _collate(rows: list[_Row], size: int, skipped: list[str], worker: int) -> Ba
     labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.int64)
     mask = torch.zeros((len(rows), length), dtype=torch.bool)
     for b, (_, x, y, _) in enumerate(rows):
-        frames[b, : len(y)] = x
+        if isinstance(x, torch.Tensor):
+            frames[b, : len(y)] = x
+        else:
+            for t, frame in enumerate(x):
+                frames[b, t] = frame
         frames[b, len(y) :] = 0
         labels[b, : len(y)] = torch.tensor(y, dtype=torch.int64)
         mask[b, : len(y)] = True
@@ -471,11 +484,16 @@ class _Window:
     labels: list[int]
     params: augment.Params
     first: bool  # the first window of its video
-    frames: torch.Tensor | None = None  # decoded and augmented
+    frames: torch.Tensor | list[torch.Tensor] | None = None  # decoded and augmented
 
-    def decode(self, size: int) -> torch.Tensor:
+    def decode(self, size: int) -> torch.Tensor | list[torch.Tensor]:
         if self.frames is None:
-            self.frames = augment.apply(_decode(self.jpegs, self.where), self.params, size)
+            frames = _decode(self.jpegs, self.where)
+            height, width = frames[0].shape[1:]
+            if self.params == augment.Params(0, 0, size, size) and (height, width) == (size, size):
+                self.frames = frames  # nothing to change: no copy until the batch
+            else:
+                self.frames = augment.apply(_stack(frames), self.params, size)
         return self.frames
 
 
