@@ -65,6 +65,11 @@ def draw(cfg: AugmentConfig, rng: random.Random, height: int, width: int) -> Par
     )
 
 
+def changes_nothing(params: Params, height: int, width: int, size: int) -> bool:
+    """Whether :func:`apply` would return ``height`` x ``width`` frames as they are."""
+    return params == Params(0, 0, height, width) and (height, width) == (size, size)
+
+
 def apply(frames: torch.Tensor, params: Params, size: int) -> torch.Tensor:
     """Crop, resize to ``size`` x ``size``, flip and recolour uint8 [T, 3, H, W] frames, all with
     the same parameters; steps that the parameters make a no-op are left out."""

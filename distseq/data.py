@@ -490,7 +490,7 @@ class _Window:
         if self.frames is None:
             frames = _decode(self.jpegs, self.where)
             height, width = frames[0].shape[1:]
-            if self.params == augment.Params(0, 0, size, size) and (height, width) == (size, size):
+            if augment.changes_nothing(self.params, height, width, size):
                 self.frames = frames  # nothing to change: no copy until the batch
             else:
                 self.frames = augment.apply(_stack(frames), self.params, size)

@@ -10,6 +10,7 @@ A segment is never written while the main process may still read it.
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 from dataclasses import dataclass, field
 from multiprocessing.queues import SimpleQueue
@@ -74,9 +75,6 @@ def uint8_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, tuple[int, int]]
         return torch.empty(shape, dtype=torch.uint8), (-1, -1)
     if _pool is None:  # first call in this worker process
         _pool = _Pool(pools.returns[info.id])
-    nbytes = 1
-    for n in shape:
-        nbytes *= n
-    number, storage = _pool.take(nbytes)
+    number, storage = _pool.take(math.prod(shape))
     out = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
     return out, (info.id, number)
