@@ -1,17 +1,22 @@
-"""Typed run configuration: YAML file + ``key=value`` overrides, validated against a schema."""
+"""Typed run configuration: YAML file + ``key=value`` overrides, validated against a schema.
+
+Every check that a config can fail lives here, the cross-key ones included, so that a bad config
+is refused where it is loaded: before ``distseq submit`` queues a job, not on the cluster.
+"""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-
-class ConfigError(ValueError):
-    """A bad config; the message is one line that names the key or file."""
+from distseq.errors import ConfigError, first_line
 
 
 class Norm(str, Enum):
@@ -26,10 +31,12 @@ class Temporal(str, Enum):
     none = "none"  # per-frame classifier, the baseline that cannot see time
 
 
-class Backend(str, Enum):
+class Recompute(str, Enum):
+    """How a chunk's CNN activations are recomputed in backward: the checkpoint implementation."""
+
     torch = "torch"
     fairscale = "fairscale"
-    none = "none"
+    none = "none"  # keep every activation: the plain model's memory
 
 
 class ParallelMode(str, Enum):
@@ -44,14 +51,22 @@ class Precision(str, Enum):
     fp32 = "fp32"
 
 
-class OnError(str, Enum):
-    raise_ = "raise"
-    skip = "skip"
+# A plain string rather than an Enum: the natural member name, ``raise``, is a Python keyword, and
+# an Enum named ``raise_`` would be written into a run's config.yaml as ``raise_``.
+ON_ERROR = ("raise", "skip")
+
+# Keys renamed since they were introduced: still read, with a notice, so old configs keep working.
+RENAMED = {"data.frames": "data.window", "memory.backend": "memory.recompute"}
 
 
 def _check(ok: bool, key: str, value: object, want: str) -> None:
     if not ok:
         raise ConfigError(f"config key {key}={value!r}: {want}")
+
+
+def is_remote(url: str) -> bool:
+    """Whether a shard URL is read through a command or a server rather than from a path."""
+    return urlparse(url).scheme not in ("", "file")
 
 
 @dataclass
@@ -82,39 +97,48 @@ class DataConfig:
     train: str = ""  # shard URLs, brace patterns allowed: shards/train-{000000..000009}.tar
     val: str = ""  # empty: no validation
     manifest: str = ""  # index.json; empty: next to the first train shard
-    frames: int = 64  # training window T; longer sequences get a random window
+    window: int = 64  # T, frames per training window; longer sequences get a random window
     size: int = 64  # frames are resized to size x size
     batch_size: int = 2  # sequences per rank per micro-step
     num_workers: int = 1
     shuffle_buffer: int = 8
-    on_error: OnError = OnError.raise_
+    on_error: str = "raise"  # one of ON_ERROR
     frame_stride: int = 1  # keep every Nth stored frame (e.g. shards at 5 fps, train at 1 fps)
-    # 0: off. N: sequences shorter than `frames` are batched with others of similar length
-    # (N buckets over 1..frames), so that batches carry less padding.
+    # 0: off. N: sequences shorter than `window` are batched with others of similar length
+    # (N buckets over 1..window), so that batches carry less padding.
     length_buckets: int = 0
-    # Stateful mode: each video is cut into consecutive windows of `frames` that reach the same
-    # rank and worker in order; the RNN state is carried (detached) from one window to the next.
+    # Stateful mode: each video is cut into consecutive windows that reach the same rank and
+    # worker in order; the RNN state is carried (detached) from one window to the next.
     ordered: bool = False
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:
-        _check(self.frames >= 1, "data.frames", self.frames, "must be >= 1")
+        _check(self.window >= 1, "data.window", self.window, "must be >= 1")
         _check(self.size >= 16, "data.size", self.size, "must be >= 16")
         _check(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
         _check(self.shuffle_buffer >= 1, "data.shuffle_buffer", self.shuffle_buffer, "must be >= 1")
+        _check(
+            self.on_error in ON_ERROR, "data.on_error", self.on_error, f"must be one of {ON_ERROR}"
+        )
         _check(self.frame_stride >= 1, "data.frame_stride", self.frame_stride, "must be >= 1")
         _check(
-            0 <= self.length_buckets <= self.frames,
+            0 <= self.length_buckets <= self.window,
             "data.length_buckets",
             self.length_buckets,
-            f"must be in [0, data.frames={self.frames}]",
+            f"must be in [0, data.window={self.window}]",
         )
         _check(
             not (self.ordered and self.length_buckets),
             "data.length_buckets",
             self.length_buckets,
             "must be 0 with data.ordered=true: a lane of windows cannot wait for a bucket",
+        )
+        _check(
+            not (self.train and is_remote(self.train) and not self.manifest),
+            "data.manifest",
+            self.manifest,
+            f"must be set for remote shards (data.train={self.train})",
         )
 
 
@@ -147,7 +171,7 @@ class ModelConfig:
 
 @dataclass
 class MemoryConfig:
-    backend: Backend = Backend.torch
+    recompute: Recompute = Recompute.torch
     chunk_frames: int = 8  # frames per checkpointed backbone chunk
     tbptt_frames: int = 0  # 0: backprop through the whole sequence; N: detach RNN state every N
 
@@ -160,6 +184,14 @@ class MemoryConfig:
 class ParallelConfig:
     mode: ParallelMode = ParallelMode.fsdp
     precision: Precision = Precision.auto
+
+    def __post_init__(self) -> None:
+        _check(
+            not (self.precision is Precision.bf16 and self.mode is not ParallelMode.fsdp),
+            "parallel.precision",
+            self.precision.value,
+            f"bf16 needs parallel.mode=fsdp, not {self.mode.value}",
+        )
 
 
 @dataclass
@@ -213,39 +245,92 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        causal = not self.model.head.bidirectional
         _check(
-            not (self.data.ordered and self.model.head.bidirectional),
+            causal or not self.data.ordered,
             "data.ordered",
             self.data.ordered,
             "carries the RNN state forward, so it needs model.head.bidirectional=false",
         )
+        _check(
+            causal or not self.memory.tbptt_frames,
+            "memory.tbptt_frames",
+            self.memory.tbptt_frames,
+            "truncated BPTT needs a causal head (model.head.bidirectional=false)",
+        )
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:  # type: ignore[assignment]
-    """Merge the schema defaults, a YAML file and ``key=value`` overrides, then validate."""
-    merged = OmegaConf.structured(Config)
+def _rename_old_keys(conf: DictConfig, where: str) -> None:
+    """Move keys of :data:`RENAMED` to their new names in place, with a notice on stderr."""
+    for old, new in RENAMED.items():
+        section, _, leaf = old.rpartition(".")
+        parent = OmegaConf.select(conf, section)
+        if not isinstance(parent, DictConfig) or leaf not in parent:
+            continue
+        if OmegaConf.select(conf, new) is not None:
+            raise ConfigError(f"{where}: config keys {old} and {new} are one key: give only {new}")
+        value = parent.pop(leaf)
+        OmegaConf.update(conf, new, value, force_add=True)
+        print(f"distseq: {where}: config key {old} is now {new}", file=sys.stderr, flush=True)
+
+
+def _dotlist(overrides: list[str]) -> list[str]:
+    """Overrides as OmegaConf reads them; ``key=`` means the empty string, not null."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value")
+    return [item + "''" if item.endswith("=") else item for item in overrides]
+
+
+def _structured(conf: DictConfig) -> Config:
+    """Merge onto the schema and build the dataclasses, which run every check."""
     try:
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file not found: {path}")
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
-        for item in overrides:
-            if "=" not in item:
-                raise ConfigError(f"override {item!r} is not key=value")
-        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
-        cfg = OmegaConf.to_object(merged)
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), conf))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        first = str(getattr(e, "msg", e)).splitlines()[0]
-        raise ConfigError(f"config key {key}: {first}") from None
-    except Exception as e:  # YAML syntax errors come from yaml, not OmegaConf
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"config file {path}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"config key {key}: {first_line(getattr(e, 'msg', e))}") from None
     assert isinstance(cfg, Config)
     return cfg
 
 
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:  # type: ignore[assignment]
+    """Merge the schema defaults, a YAML file and ``key=value`` overrides, then validate."""
+    conf = OmegaConf.create()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = OmegaConf.load(path)
+        except Exception as e:  # YAML syntax errors come from yaml, not OmegaConf
+            raise ConfigError(f"config file {path}: {first_line(e)}") from None
+        if not isinstance(loaded, DictConfig):
+            raise ConfigError(f"config file {path}: expected a mapping of keys")
+        _rename_old_keys(loaded, str(path))
+        conf = loaded
+    try:
+        given = OmegaConf.from_dotlist(_dotlist(list(overrides)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"overrides: {first_line(getattr(e, 'msg', e))}") from None
+    _rename_old_keys(given, "overrides")
+    return _structured(OmegaConf.merge(conf, given))  # type: ignore[arg-type]
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain JSON data, enums as their values."""
+    container = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    assert isinstance(container, dict)
+    return container  # type: ignore[return-value]
+
+
+def from_dict(data: dict[str, Any], where: str) -> Config:
+    """A config written by :func:`to_dict` (a checkpoint's, an exported model's), validated."""
+    try:
+        return _structured(OmegaConf.create(data))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: its config does not fit this distseq: {e}") from None
+
+
 def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The resolved config as YAML that ``load_config`` reads back as the same config."""
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))

@@ -2,7 +2,7 @@
 
 gloo on CPU and NCCL on GPU run the same code. FSDP1 (``FullyShardedDataParallel``) is not
 offered: with fairscale's checkpoint wrapper it either crashes or silently leaves the CNN
-without updates (design.md).
+without updates (docs/design.md, "FSDP1 fails silently").
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from distseq.config import ConfigError, ParallelConfig, ParallelMode, Precision
-from distseq.model import VideoModel
+from distseq.config import ParallelConfig, ParallelMode, Precision
+from distseq.errors import ConfigError
+from distseq.model.video import VideoModel
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,16 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), device)
 
 
+def rank_world() -> tuple[int, int]:
+    """(rank, world size) of the process group; (0, 1) without one."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def close_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -66,8 +77,10 @@ def _param_dtype(cfg: ParallelConfig, device: torch.device) -> torch.dtype | Non
 
 
 def parallelize(model: VideoModel, cfg: ParallelConfig, info: DistInfo) -> nn.Module:
-    if cfg.precision is Precision.bf16 and cfg.mode is not ParallelMode.fsdp:
-        raise ConfigError("config key parallel.precision=bf16: needs parallel.mode=fsdp")
+    """``model`` on this rank's device, sharded or replicated across the group as ``cfg`` says.
+
+    Parameter names stay those of ``model``: FSDP2 and DDP both keep them in ``state_dict``.
+    """
     model.to(info.device)
     if not dist.is_initialized():
         return model
@@ -84,13 +97,13 @@ def parallelize(model: VideoModel, cfg: ParallelConfig, info: DistInfo) -> nn.Mo
     mp = MixedPrecisionPolicy(
         param_dtype=_param_dtype(cfg, info.device), reduce_dtype=torch.float32
     )
-    # The encoder is sharded as the one unit that owns the chunk loop: its parameters are
-    # gathered once per forward and once per backward, however many chunks and recomputes run.
-    fully_shard(model.encoder, mp_policy=mp)
     # The head is one unit (RNN + classifier): a batch_first nn.LSTM sharded on its own returns a
     # transposed view, which FSDP2 warns about on every forward (an in-place op on such a view
     # would skip the pre-backward all-gather). The head's output is a fresh tensor.
     fully_shard(model.head, mp_policy=mp)
+    # The backbone's parameters belong to the root unit, the module that owns the chunk loop
+    # (memory.ChunkedModel): they are gathered once per step, however many chunks and recomputes
+    # run, and not resharded between forward and backward, which would gather them again.
     fully_shard(model, mp_policy=mp)
     return model
 

@@ -25,8 +25,9 @@ import webdataset as wds
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from distseq.config import AugmentConfig, DataConfig
-from distseq.data import DataError, train_batches
-from distseq.synthetic import write_synthetic
+from distseq.data.synthetic import write_synthetic
+from distseq.data.train_stream import train_batches
+from distseq.errors import DataError
 
 AUGMENT = AugmentConfig(crop_scale=0.6, flip=True, brightness=0.2, contrast=0.2, saturation=0.2)
 BATCH_SIZE = 2
@@ -40,7 +41,7 @@ class Record:
     augment: bool
     workers: int  # DataLoader workers; 0: in this process, one thread: one worker's throughput
     size: int  # data.size; the shards' frame size, so that no resize is timed without augment
-    window: int  # data.frames
+    window: int  # data.window
     frames: int  # real (unpadded) frames timed
     seconds: float
     fps: float  # frames / seconds through train_batches, all workers together
@@ -107,7 +108,7 @@ def _bench(args: argparse.Namespace, pattern: str) -> list[Record]:
         for n in workers:
             cfg = DataConfig(
                 train=pattern,
-                frames=args.frames,
+                window=args.window,
                 size=args.size,
                 batch_size=BATCH_SIZE,
                 num_workers=n,
@@ -124,7 +125,7 @@ def _bench(args: argparse.Namespace, pattern: str) -> list[Record]:
                 augment=augment,
                 workers=n,
                 size=args.size,
-                window=args.frames,
+                window=args.window,
                 frames=frames,
                 seconds=seconds,
                 fps=fps,
@@ -154,7 +155,7 @@ def _print(rec: Record, as_json: bool) -> None:
 def bench_data(args: argparse.Namespace) -> list[Record]:
     if not args.json:
         print(
-            f"{args.size}px, window {args.frames}, batch {BATCH_SIZE}, {args.count} frames per "
+            f"{args.size}px, window {args.window}, batch {BATCH_SIZE}, {args.count} frames per "
             f"case, shards: {args.shards or 'synthetic'}; 'needed': workers for "
             f"{args.model_fps:g} frames/s"
         )
@@ -174,8 +175,8 @@ def bench_data(args: argparse.Namespace) -> list[Record]:
                 Path(tmp),
                 train_sequences=SYNTHETIC_SEQUENCES,
                 val_sequences=0,
-                min_frames=args.frames,
-                max_frames=args.frames,
+                min_frames=args.window,
+                max_frames=args.window,
                 size=args.size,
                 phases=1,
                 seed=0,
@@ -185,3 +186,17 @@ def bench_data(args: argparse.Namespace) -> list[Record]:
             return _bench(args, f"{tmp}/train-{{000000..{last:06d}}}.tar")
     finally:
         torch.set_num_threads(threads)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("data", help="loader frames/s per worker against plain decoding")
+    p.add_argument("--size", type=int, default=224, help="frame size of the shards (px)")
+    p.add_argument("--window", type=int, default=64, help="T, frames per window (data.window)")
+    p.add_argument("--count", type=int, default=2048, help="frames timed per case")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--model-fps", type=float, default=1000.0, help="frames/s a step consumes")
+    p.add_argument(
+        "--shards", default="", help="local train shards (index.json beside); default: synthetic"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON record per case")
+    p.set_defaults(run=bench_data)

@@ -1,4 +1,5 @@
-"""``distseq bench memory``: activation memory and step time of one training step per backend.
+"""``distseq bench memory``: activation memory and step time of one training step per recompute
+backend.
 
 Numbers, not pass/fail: compare rows of one run (chunked / none), since the machine is noisy.
 """
@@ -13,10 +14,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from distseq.config import BackboneConfig, Backend, HeadConfig, MemoryConfig, ModelConfig, Norm
-from distseq.measure import SavedTensorBytes, peak_memory
-from distseq.memory import apply_memory_policy
-from distseq.model import VideoModel, build_model
+from distseq.bench.measure import SavedTensorBytes, peak_memory
+from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Norm, Recompute
+from distseq.memory.policy import apply_memory_policy
+from distseq.model.video import VideoModel, build_model
 
 CLASSES = 7
 MIB = 2**20
@@ -34,20 +35,20 @@ def _floor_bytes(
     """What chunking cannot avoid, measured: the features and the RNN's saved state over all
     T frames, plus the saved activations of one chunk through the plain, unchunked CNN."""
     with torch.no_grad():
-        feats = model.encoder(frames, mask)
+        feats = model.features(frames, mask)
     feats.requires_grad_(True)
     with SavedTensorBytes(exclude=model.parameters()) as head:
         model.head(feats, mask)
-    plain = build_model(_model_config(backbone), CLASSES).encoder.to(frames.device)
+    plain = build_model(_model_config(backbone), CLASSES).to(frames.device)
     with SavedTensorBytes(exclude=plain.parameters()) as one_chunk:
-        plain(frames[:, :chunk], mask[:, :chunk])
+        plain.features(frames[:, :chunk], mask[:, :chunk])
     return feats.numel() * feats.element_size() + head.bytes + one_chunk.bytes
 
 
 @dataclass
 class Record:
     backbone: str
-    backend: str
+    recompute: str
     frames: int
     size: int
     chunk: int
@@ -59,12 +60,12 @@ class Record:
 
 
 def bench_case(
-    backbone: str, backend: Backend, frames: int, size: int, chunk: int, device: torch.device
+    backbone: str, recompute: Recompute, frames: int, size: int, chunk: int, device: torch.device
 ) -> Record:
     torch.manual_seed(0)
     model = apply_memory_policy(
         build_model(_model_config(backbone), CLASSES),
-        MemoryConfig(backend=backend, chunk_frames=chunk),
+        MemoryConfig(recompute=recompute, chunk_frames=chunk),
     ).to(device)
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (1, frames, 3, size, size), generator=g, dtype=torch.uint8).to(device)
@@ -90,7 +91,16 @@ def bench_case(
     seconds = time.perf_counter() - start
     floor = _floor_bytes(backbone, model, x, mask, chunk)
     return Record(
-        backbone, backend.value, frames, size, chunk, peak, saved.bytes, floor, seconds, str(device)
+        backbone,
+        recompute.value,
+        frames,
+        size,
+        chunk,
+        peak,
+        saved.bytes,
+        floor,
+        seconds,
+        str(device),
     )
 
 
@@ -100,13 +110,13 @@ def bench_memory(args: argparse.Namespace) -> list[Record]:
     if not args.json:
         print(f"{args.backbone}+LSTM, {args.size}px, chunk {args.chunk}, one sequence, {device}")
         print(
-            f"{'T':>6} {'backend':>10} {'peak MiB':>10} {'saved MiB':>10} {'floor MiB':>10} "
+            f"{'T':>6} {'recompute':>10} {'peak MiB':>10} {'saved MiB':>10} {'floor MiB':>10} "
             f"{'step s':>8} {'peak/first':>10} {'time/first':>10}"
         )
     for frames in args.frames:
         first: Record | None = None
-        for name in args.backends:
-            rec = bench_case(args.backbone, Backend(name), frames, args.size, args.chunk, device)
+        for name in args.recompute:
+            rec = bench_case(args.backbone, Recompute(name), frames, args.size, args.chunk, device)
             records.append(rec)
             if args.json:
                 print(json.dumps(asdict(rec)), flush=True)
@@ -120,3 +130,19 @@ def bench_memory(args: argparse.Namespace) -> list[Record]:
                 flush=True,
             )
     return records
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("memory", help="activation memory and step time per recompute backend")
+    p.add_argument("--backbone", default="resnet18")
+    p.add_argument("--frames", type=int, nargs="+", default=[64, 256, 1024], help="T per case")
+    p.add_argument("--size", type=int, default=112)
+    p.add_argument("--chunk", type=int, default=8)
+    p.add_argument(
+        "--recompute",
+        nargs="+",
+        default=["none", "torch", "fairscale"],
+        choices=[r.value for r in Recompute],
+    )
+    p.add_argument("--json", action="store_true", help="one JSON record per case")
+    p.set_defaults(run=bench_memory)

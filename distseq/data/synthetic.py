@@ -7,7 +7,7 @@ transition: on the first ``CUE_FRAMES`` frames of phases 1..P-1 a large white sq
 rim sits in the middle of the image (labelled with the new phase). A per-frame classifier therefore
 stays near the class prior (~1/P); a CNN+RNN that detects cues and counts them gets ~100 %.
 
-Shards use the format that ``distseq.data`` reads (see its module docstring): one sample per
+Shards use the format that ``distseq.data.format`` describes: one sample per
 sequence with members ``<key>.<frame:06d>.jpg`` and ``<key>.labels.json``, plus ``index.json``.
 Output is a pure function of the arguments: per-sequence RNGs are seeded from (seed, split, index),
 tar headers carry a fixed mtime/owner, and JPEG encoding is deterministic.
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import webdataset as wds
 from torchvision.io import encode_jpeg
 
-from distseq.data import Manifest, ShardInfo, write_manifest
+from distseq.data.format import Manifest, ShardInfo, write_manifest
 
 CUE_FRAMES = 2
 JPEG_QUALITY = 90
@@ -170,5 +170,5 @@ def write_synthetic(
         if writer is not None:
             writer.close()
     manifest = Manifest(classes=[f"phase{p}" for p in range(phases)], shards=shards)
-    write_manifest(manifest, out_dir / "index.json")
+    write_manifest(out_dir / "index.json", manifest)
     return manifest

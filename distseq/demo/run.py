@@ -3,13 +3,14 @@ end-to-end CNN+RNN on it, and report both accuracies."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from importlib.resources import files
 from pathlib import Path
 
 from distseq.config import load_config
-from distseq.synthetic import write_synthetic
-from distseq.train import train
+from distseq.data.synthetic import write_synthetic
+from distseq.train.loop import train
 
 PHASES = 4
 # The baseline cannot beat the class prior, so it needs far fewer steps to show it.
@@ -17,7 +18,7 @@ BASELINE_STEPS = 40
 
 
 def demo_config_path() -> Path:
-    return Path(str(files("distseq") / "configs" / "demo.yaml"))
+    return Path(str(files("distseq.demo") / "demo.yaml"))
 
 
 def run_demo(out_dir: str, overrides: list[str]) -> dict[str, float]:
@@ -60,3 +61,10 @@ def run_demo(out_dir: str, overrides: list[str]) -> dict[str, float]:
         f"   ({results['cnn_rnn_seconds']:.0f} s)"
     )
     return results
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help="synthetic long-video task, trained end to end on CPU")
+    p.add_argument("--out", default="runs/demo", help="where data and runs go")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
+    p.set_defaults(run=lambda args: run_demo(args.out, args.overrides))

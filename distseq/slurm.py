@@ -32,9 +32,10 @@ import submitit
 import torch
 from submitit.slurm.slurm import _make_sbatch_string
 
-from distseq.checkpoint import TrainingError
-from distseq.config import Config, ConfigError, load_config
-from distseq.train import Interrupted, StopSignals, train
+from distseq.config import Config, load_config
+from distseq.errors import ConfigError, TrainingError
+from distseq.train.loop import train
+from distseq.train.signals import Interrupted, StopSignals
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2})(?::(\d{2}))?$")
 
@@ -153,7 +154,7 @@ def sbatch_script(opts: SlurmOptions) -> str:
     )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", help="run `distseq train` as a SLURM job (submitit)")
     p.add_argument("config", help="YAML config file")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -173,6 +174,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
     p.add_argument("--wait", action="store_true", help="block until the job ends, print its result")
+    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -39,28 +39,22 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from omegaconf import OmegaConf
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from distseq.config import Config
-from distseq.model import RNNState
+from distseq.config import Config, to_dict
+from distseq.errors import TrainingError, first_line
+from distseq.files import write_atomic
+from distseq.model.head import RNNState
+from distseq.parallel import barrier, rank_world
 
-FORMAT = 2
+# 3: canonical state-dict keys (backbone.*, head.*), no memory wrapper in them; data.window.
+FORMAT = 3
 _STEP_RE = re.compile(r"step_(\d{8})")
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on; the message is one line.
-
-    Defined here rather than in ``distseq.train`` (which re-exports it) so that checkpoint
-    errors are training errors without an import cycle.
-    """
 
 
 @dataclass(frozen=True)
@@ -101,35 +95,19 @@ class Resumed:
     metrics: dict[str, float]  # as at the saved step
 
 
-def _rank_world() -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def _notice(message: str) -> None:
-    if _rank_world()[0] == 0:
+    if rank_world()[0] == 0:
         print(f"distseq: {message}", file=sys.stderr, flush=True)
 
 
 def _first_line(error: BaseException) -> str:
     if isinstance(error, CheckpointException):  # one error per failed rank, with tracebacks
         error = next(iter(error.failures.values()))[0]
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+    return first_line(error)
 
 
 def unreadable(what: str, path: Path, error: BaseException) -> TrainingError:
     return TrainingError(f"{what} {path} is unreadable: {_first_line(error)}")
-
-
-def _config_dict(cfg: Config) -> dict[str, Any]:
-    container = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
-    assert isinstance(container, dict)
-    return container  # type: ignore[return-value]
 
 
 @contextmanager
@@ -138,15 +116,6 @@ def _single_process_is_fine() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         yield
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    # fsync before the rename that publishes it: after a node crash, a renamed file whose data
-    # never reached the disk reads back empty.
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _step_dir(root: Path, step: int) -> Path:
@@ -196,18 +165,18 @@ def save_checkpoint(
     rank_state: RankState | None = None,
 ) -> Path:
     """Write this rank's part of the checkpoint at ``position``; every rank must call this."""
-    rank, world = _rank_world()
+    rank, world = rank_world()
     final = _step_dir(root, position.step)
     tmp = final.with_name(final.name + ".tmp")
     if rank == 0:
         _remove_partial(root)
         tmp.mkdir(parents=True)
-    _barrier()
+    barrier()
     mine = rank_state or RankState()
     carries = {w: _to_cpu(state) for w, state in mine.carries.items()}
     buffer = io.BytesIO()
     torch.save({"rng": _rng_state(), "skipped": mine.skipped, "carries": carries}, buffer)
-    _write_durably(tmp / f"rank{rank}.pt", buffer.getvalue())
+    write_atomic(tmp / f"rank{rank}.pt", buffer.getvalue())
     model_state, optim_state = get_state_dict(state.model, state.optimizer)
     try:
         with _single_process_is_fine():
@@ -221,15 +190,15 @@ def save_checkpoint(
             "world": world,
             "schedule": state.schedule.state_dict(),
             "classes": state.classes,
-            "config": _config_dict(state.config),
+            "config": to_dict(state.config),
             "metrics": metrics,
         }
-        _write_durably(tmp / "meta.json", json.dumps(meta, indent=1).encode())
-    _barrier()  # every rank's shards and RNG file are complete
+        write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))
+    barrier()  # every rank's shards and RNG file are complete
     if rank == 0:
         _publish(root, tmp, final)
         _prune(root, position.step, keep_last)
-    _barrier()  # on return, ``latest`` names this checkpoint for every rank
+    barrier()  # on return, ``latest`` names this checkpoint for every rank
     return final
 
 
@@ -246,9 +215,7 @@ def _publish(root: Path, tmp: Path, final: Path) -> None:
     if final.exists():  # saved by a run that was killed before it could update ``latest``
         shutil.rmtree(final)
     os.replace(tmp, final)
-    pointer = root / "latest.tmp"
-    _write_durably(pointer, f"{final.name}\n".encode())
-    os.replace(pointer, root / "latest")
+    write_atomic(root / "latest", f"{final.name}\n")
 
 
 def _prune(root: Path, step: int, keep_last: int) -> None:
@@ -297,7 +264,10 @@ def read_meta(path: Path) -> dict[str, Any]:
     try:
         meta = json.loads((path / "meta.json").read_text())
         if meta["format"] != FORMAT:
-            raise ValueError(f"format {meta['format']}, this distseq reads format {FORMAT}")
+            raise ValueError(
+                f"format {meta['format']}, this distseq reads format {FORMAT} only: "
+                "resume it with the distseq that wrote it, or train anew"
+            )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise unreadable("checkpoint", path, e) from None
     return meta
@@ -328,7 +298,7 @@ def _differences(saved: Any, now: Any, key: str) -> list[tuple[str, str]]:
 
 
 def _check_compatible(path: Path, meta: dict[str, Any], state: TrainState) -> None:
-    saved, now = meta["config"], _config_dict(state.config)
+    saved, now = meta["config"], to_dict(state.config)
     model = _differences(saved["model"], now["model"], "model")
     model += _differences(meta["classes"], state.classes, "classes")
     if model:
@@ -372,7 +342,7 @@ def read_rank_state(resumed: Resumed) -> RankState:
     rank reads differs anyway, so such a run continues sensibly but is not the run that was
     saved; it starts its RNN states afresh.
     """
-    rank, world = _rank_world()
+    rank, world = rank_world()
     if world != resumed.world:
         reseeded = (
             f"; ranks {resumed.world} and up re-seed their RNG from seed, rank and step"
@@ -399,6 +369,6 @@ def read_rank_state(resumed: Resumed) -> RankState:
 def restore_rng(resumed: Resumed, rank_state: RankState) -> None:
     """Put back this rank's RNG states as the saving run had them after the saved step."""
     if rank_state.rng is None:
-        _reseed(resumed.position.seed, _rank_world()[0], resumed.position.step)
+        _reseed(resumed.position.seed, rank_world()[0], resumed.position.step)
     else:
         _set_rng_state(rank_state.rng)

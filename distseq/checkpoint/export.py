@@ -2,9 +2,12 @@
 
 The file is a plain dict that ``torch.load(path, weights_only=True)`` reads::
 
-    {"model": state_dict, "config": resolved config, "classes": [...], "step": n}
+    {"format": 3, "model": state_dict, "config": resolved config, "classes": [...], "step": n}
 
-``load_exported`` rebuilds the model from it.
+Its state-dict keys are those of a plain ``build_model`` (``distseq.model.video``): the model
+loads with ``load_state_dict(strict=True)`` without any memory policy. Being a file of tensors and
+plain data, it is the form in which a model is safe to accept from someone else; a sharded
+checkpoint directory is not (DCP unpickles its ``.metadata``).
 """
 
 from __future__ import annotations
@@ -15,44 +18,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from distseq.checkpoint import (
-    TrainingError,
+from distseq.checkpoint.sharded import (
+    FORMAT,
     load_sharded,
     read_meta,
     resolve_checkpoint,
     unreadable,
 )
-from distseq.config import Config
-from distseq.memory import apply_memory_policy
-from distseq.model import VideoModel, build_model
+from distseq.config import Config, from_dict
+from distseq.errors import TrainingError
+from distseq.model.video import VideoModel, build_model
 
 
-def _config(saved: dict[str, Any], where: Path) -> Config:
-    try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), saved))
-    except OmegaConfBaseException as e:
-        raise TrainingError(f"{where}: config does not fit this distseq: {e.msg}") from None
-    assert isinstance(cfg, Config)
-    return cfg
-
-
-def _empty_model(cfg: Config, classes: list[str]) -> VideoModel:
-    """The trained structure, memory policy included, so that the state dict keys match."""
+def empty_model(cfg: Config, classes: list[str]) -> VideoModel:
+    """The trained structure with freshly initialised tensors, to load weights into."""
     # The weights file only initialises the backbone, and may be long gone.
     model_cfg = replace(cfg.model, backbone=replace(cfg.model.backbone, weights=""))
-    return apply_memory_policy(build_model(model_cfg, len(classes)), cfg.memory)
+    return build_model(model_cfg, len(classes))
 
 
 def export(source: Path, out: Path) -> Path:
     path = resolve_checkpoint(source)
     meta = read_meta(path)
-    model = _empty_model(_config(meta["config"], path), meta["classes"])
+    model = empty_model(from_dict(meta["config"], str(path)), meta["classes"])
     load_sharded({"model": model.state_dict()}, path)  # into the model's own tensors
     out.parent.mkdir(parents=True, exist_ok=True)
     blob = {
+        "format": FORMAT,
         "model": model.state_dict(),
         "config": meta["config"],
         "classes": meta["classes"],
@@ -65,12 +58,18 @@ def export(source: Path, out: Path) -> Path:
 def load_exported(path: Path) -> tuple[VideoModel, Config, list[str]]:
     """The exported model in eval mode, its config and its class names."""
     try:
-        blob = torch.load(path, weights_only=True)
+        blob: Any = torch.load(path, weights_only=True)
     except Exception as e:  # a missing, truncated or foreign file: any error torch.load raises
         raise unreadable("exported model", path, e) from None
-    cfg = _config(blob["config"], path)
-    model = _empty_model(cfg, blob["classes"])
-    model.load_state_dict(blob["model"])
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        found = blob.get("format", "none") if isinstance(blob, dict) else type(blob).__name__
+        raise TrainingError(
+            f"exported model {path} has format {found}, this distseq reads format {FORMAT}: "
+            "export it again from its checkpoint with the distseq that trained it"
+        )
+    cfg = from_dict(blob["config"], str(path))
+    model = empty_model(cfg, blob["classes"])
+    model.load_state_dict(blob["model"], strict=True)
     return model.eval(), cfg, blob["classes"]
 
 
@@ -80,6 +79,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "checkpoint", help="run directory, its checkpoints/, a latest file or a step_N directory"
     )
     parser.add_argument("--out", required=True, help="the .pt file to write")
+    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -1,0 +1,1 @@
+"""checkpoint: training state on disk (``sharded``, DCP), and a model file to share (``export``)."""

@@ -1,0 +1,88 @@
+"""Batches of whole or windowed sequences: uint8 frames, labels, a mask; padded to the longest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from distseq.data import sharedmem
+
+IGNORE_INDEX = -100
+
+
+def _unset_starts() -> torch.Tensor:
+    return torch.ones(0, dtype=torch.bool)
+
+
+@dataclass
+class Batch:
+    frames: torch.Tensor  # uint8 [B, T, 3, H, W], stored channels last; normalised per chunk
+    labels: torch.Tensor  # int64 [B, T]; IGNORE_INDEX where padded
+    mask: torch.Tensor  # bool [B, T]; True on real frames
+    keys: list[str] = field(default_factory=list)  # sample keys; "" for padding rows
+    # "<shard file name>/<sample key>" of the samples this worker skipped since its previous
+    # batch (on_error=skip)
+    skipped: list[str] = field(default_factory=list)
+    # bool [B]: True where the row's window is the first of its video, so an RNN that carries its
+    # state from batch to batch must reset it. Left out: all True, as outside ordered mode.
+    starts: torch.Tensor = field(default_factory=_unset_starts)
+    worker: int = 0  # the worker stream that made it; train batch i comes from worker i % workers
+    segment: tuple[int, int] = (-1, -1)  # (loader worker, shared-memory segment) frames are in
+
+    def __post_init__(self) -> None:
+        if self.starts.numel() == 0:
+            self.starts = torch.ones(self.frames.shape[0], dtype=torch.bool)
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        return replace(
+            self,
+            frames=fn(self.frames),
+            labels=fn(self.labels),
+            mask=fn(self.mask),
+            starts=fn(self.starts),
+        )
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:  # called by DataLoader(pin_memory=True)
+        return self._map(torch.Tensor.pin_memory)
+
+
+# key, frames ([T, 3, S, S] or T of [3, S, S]), labels, starts a video
+Row = tuple[str, torch.Tensor | list[torch.Tensor], list[int], bool]
+
+
+def collate(rows: list[Row], size: int, skipped: list[str], worker: int) -> Batch:
+    """Pad to the longest sequence in the batch; padding is masked out and ignored by the loss.
+    With no rows, a batch that only carries skipped ids home from a worker; never yielded."""
+    length = max((len(y) for _, _, y, _ in rows), default=1)
+    # Channels last like the decoded frames; in a worker, in a shared-memory segment it reuses.
+    hwc, segment = sharedmem.uint8_buffer((len(rows), length, size, size, 3))
+    frames = hwc.permute(0, 1, 4, 2, 3)
+    labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.int64)
+    mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    for b, (_, x, y, _) in enumerate(rows):
+        if isinstance(x, torch.Tensor):
+            frames[b, : len(y)] = x
+        else:
+            for t, frame in enumerate(x):
+                frames[b, t] = frame
+        frames[b, len(y) :] = 0
+        labels[b, : len(y)] = torch.tensor(y, dtype=torch.int64)
+        mask[b, : len(y)] = True
+    starts = torch.tensor([start for *_, start in rows], dtype=torch.bool)
+    keys = [row[0] for row in rows]
+    return Batch(frames, labels, mask, keys, skipped, starts, worker, segment)
+
+
+def empty_batch(size: int) -> Batch:
+    """One fully masked frame: keeps a rank in lockstep with ranks that still have data."""
+    return Batch(
+        torch.zeros((1, 1, 3, size, size), dtype=torch.uint8),
+        torch.full((1, 1), IGNORE_INDEX, dtype=torch.int64),
+        torch.zeros((1, 1), dtype=torch.bool),
+        [""],
+    )

@@ -1,0 +1,98 @@
+"""The shard format (version 1) and its manifest, ``index.json``.
+
+``distseq.data.synthetic`` and ``distseq shard`` both write it. A shard is a plain tar file. One
+sample is one whole sequence (video) with key ``<key>``; the key must not contain a dot, because
+member names are split at the first dot:
+
+- ``<key>.000000.jpg``, ``<key>.000001.jpg``, ... one JPEG per frame, numbered 0..n-1, all of one
+  size;
+- ``<key>.labels.json`` = ``{"labels": [c0, c1, ...]}``, one class id per frame.
+
+No other member is allowed; in particular pickled members (``.pyd``, ``.pickle``, ``.pth``) are
+refused, never decoded. ``index.json`` beside the shards describes them::
+
+    {"format": 1, "classes": ["name0", ...],
+     "shards": {"train-000000.tar": {"split": "train", "samples": 8, "frames": 512}, ...}}
+
+``distseq shard`` adds ``fps``, ``size`` and ``sources``; readers ignore keys they do not know.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distseq.config import DataConfig
+from distseq.data.tar import expand, local_path
+from distseq.errors import DataError, first_line
+from distseq.files import write_atomic
+
+FORMAT = 1
+
+
+@dataclass
+class ShardInfo:
+    split: str  # "train" or "val"
+    samples: int
+    frames: int
+
+
+@dataclass
+class Manifest:
+    classes: list[str]
+    shards: dict[str, ShardInfo]  # by shard file name (no directory)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def write_manifest(path: Path, manifest: Manifest, **extra: Any) -> None:
+    """Write ``index.json`` atomically; ``extra`` keys (``distseq shard``'s) come after."""
+    shards = {name: vars(info) for name, info in manifest.shards.items()}
+    doc = {"format": FORMAT, "classes": manifest.classes, "shards": shards, **extra}
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def parse_manifest(doc: Any, where: str) -> Manifest:
+    """A manifest from ``index.json``'s parsed JSON; ``where`` names it in errors."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise DataError(f"manifest {where}: expected a JSON object with format={FORMAT}")
+    classes = doc.get("classes")
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise DataError(f"manifest {where}: 'classes' must be a non-empty list of strings")
+    raw = doc.get("shards")
+    if not isinstance(raw, dict):
+        raise DataError(f"manifest {where}: 'shards' must be an object")
+    shards = {}
+    for name, info in raw.items():
+        ok = (
+            isinstance(info, dict)
+            and info.get("split") in ("train", "val")
+            and all(type(info.get(k)) is int and info[k] >= 0 for k in ("samples", "frames"))
+        )
+        if not ok:
+            raise DataError(
+                f"manifest {where}: shard {name!r} needs split train|val, samples and frames >= 0"
+            )
+        shards[name] = ShardInfo(info["split"], info["samples"], info["frames"])
+    return Manifest(classes=list(classes), shards=shards)
+
+
+def load_manifest(cfg: DataConfig) -> Manifest:
+    """Read ``cfg.manifest``, or ``index.json`` in the directory of the first train shard."""
+    if cfg.manifest:
+        path = Path(cfg.manifest)
+    else:
+        first = local_path(expand(cfg.train, "data.train")[0])
+        assert first is not None, "DataConfig refuses remote shards without data.manifest"
+        path = first.parent / "index.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"manifest not found: {path} (set data.manifest)") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"manifest {path}: {first_line(e)}") from None
+    return parse_manifest(doc, str(path))

@@ -1,0 +1,139 @@
+"""Reading shards: URLs, lazily streamed tar samples, and a shard cut off mid-file.
+
+A sample's members are consecutive and named ``<key>.<ext>`` (``format.py``); nothing here
+decodes them. Tar readers stop silently at a cut-off header, taking it for the end of the
+archive; ``read_shard`` tells the two apart and marks the sample a cut falls in.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+import webdataset as wds
+
+from distseq.config import is_remote
+from distseq.errors import ConfigError, DataError, first_line
+
+if TYPE_CHECKING:
+    from typing import Self
+
+
+def expand(urls: str, key: str) -> list[str]:
+    expanded = wds.shardlists.expand_urls(urls) if urls else []
+    if not expanded:
+        raise ConfigError(f"config key {key}: empty, no shards given")
+    return expanded
+
+
+def local_path(url: str) -> Path | None:
+    """The file a shard URL names; None for pipe:, http:, ...: webdataset opens those, and their
+    errors surface when they are read."""
+    if is_remote(url):
+        return None
+    return Path(re.sub("^file://?", "", url))  # as webdataset opens it: file:///abs
+
+
+def check_shards_exist(urls: list[str]) -> None:
+    for url in urls:
+        path = local_path(url)
+        if path is not None and not path.is_file():
+            raise DataError(f"shard not found: {url}")
+
+
+def shard_name(url: str) -> str:
+    return Path(urlparse(url).path).name
+
+
+@dataclass
+class Sample:
+    """One sample of a shard as read: member bytes by extension, nothing decoded."""
+
+    url: str
+    key: str
+    members: dict[str, bytes]
+    cut: str = ""  # the shard is cut off inside this sample: the error message
+
+    @property
+    def id(self) -> str:
+        return f"{shard_name(self.url)}/{self.key}"
+
+    @property
+    def where(self) -> str:
+        return f"shard {self.url} sample {self.key}"
+
+
+# Missing from typeshed: the header error that an all-zero block, the end-of-archive mark, raises.
+_END_OF_ARCHIVE: type[Exception] = tarfile.EOFHeaderError  # type: ignore[attr-defined]
+
+
+class _TarInfo(tarfile.TarInfo):
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> Self:
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.HeaderError as e:
+            # TarFile.next() takes any bad header after the first, a cut-off one included, for
+            # the end of the archive; remember which it was.
+            if isinstance(tar, _Tar):
+                tar.end = e
+            raise
+
+
+class _Tar(tarfile.TarFile):
+    tarinfo = _TarInfo
+    end: Exception | None = None  # why the member list ended
+    members: list[tarfile.TarInfo]  # TarFile's own, missing from typeshed
+
+
+def read_shard(url: str) -> Iterator[Sample]:
+    """The samples of one shard, read lazily. A sample's members are consecutive and named
+    ``<key>.<ext>``. If the shard is cut off, the sample it ends in comes last, marked ``cut``."""
+    sample: Sample | None = None
+    try:
+        with wds.gopen(url, "rb") as stream, _Tar.open(fileobj=stream, mode="r|*") as tar:
+            for info in tar:
+                tar.members = []  # a stream is read once: keep no index of its members
+                if not info.isreg():
+                    continue
+                head, slash, name = info.name.rpartition("/")
+                stem, _, ext = name.partition(".")
+                if sample is None or head + slash + stem != sample.key:
+                    if sample is not None:
+                        yield sample
+                    sample = Sample(url, head + slash + stem, {})
+                if ext.lower() in sample.members:
+                    raise DataError(f"{sample.where}: member {info.name} appears twice")
+                member = tar.extractfile(info)
+                assert member is not None  # a regular file
+                sample.members[ext.lower()] = member.read()
+            if not isinstance(tar.end, _END_OF_ARCHIVE):
+                raise tarfile.ReadError("no end-of-archive mark")
+    except (OSError, EOFError, tarfile.TarError) as e:  # IO, tar and decompression errors
+        if isinstance(e.__context__, GeneratorExit):
+            return  # closed before the end, and the pipe: command complained: nothing is lost
+        if sample is None:
+            raise DataError(f"shard {url}: cannot read: {read_error(e)}") from None
+        sample.cut = f"{sample.where}: the shard is cut off in this sample: {read_error(e)}"
+    if sample is not None:
+        yield sample
+
+
+# curl's exit codes for the failures a shard URL meets (webdataset opens http(s) with curl).
+_CURL_EXITS = {6: "host not found", 7: "connection refused", 22: "HTTP error", 28: "timed out"}
+
+
+def read_error(error: BaseException) -> str:
+    """One readable line: webdataset reports a failed ``pipe:`` or curl command as the repr of
+    its arguments and its Pipe object."""
+    status = re.search(r"exit (\d+) \((?:read|write)\)", str(error))
+    if status is None:
+        return first_line(error)
+    code = int(status[1])
+    curl = f" ({_CURL_EXITS[code]})" if "'curl'" in str(error) and code in _CURL_EXITS else ""
+    return f"the command exited with status {code}{curl}"

@@ -1,0 +1,152 @@
+"""How the backbone runs over time: chunks of k frames, each under activation checkpointing.
+
+Only each chunk's input (a uint8 slice of the sequence, already in memory) and its features
+outlive the chunk's forward; the CNN's inner activations are recomputed chunk by chunk in
+backward. Gradients are those of the plain model (docs/design.md, "Exact gradients").
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
+
+from distseq.config import Recompute
+from distseq.model.head import TemporalHead
+from distseq.model.video import VideoModel
+
+
+@contextmanager
+def frozen_bn_stats(bns: list[_BatchNorm]) -> Iterator[None]:
+    """Run BatchNorm forwards without touching running stats, for the recompute pass.
+
+    Recompute must save the same tensors as the first forward, so BN has to stay in training
+    mode (``track_running_stats=False`` raises CheckpointError); momentum 0 keeps the update a
+    no-op, and ``num_batches_tracked`` is put back afterwards.
+    """
+    saved = [
+        (bn.momentum, None if bn.num_batches_tracked is None else bn.num_batches_tracked.clone())
+        for bn in bns
+    ]
+    for bn in bns:
+        bn.momentum = 0.0
+    try:
+        yield
+    finally:
+        for bn, (momentum, tracked) in zip(bns, saved, strict=True):
+            bn.momentum = momentum
+            if tracked is not None:
+                assert bn.num_batches_tracked is not None
+                bn.num_batches_tracked.copy_(tracked)
+
+
+def batchnorms(module: nn.Module) -> list[_BatchNorm]:
+    return [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+
+
+class _ChunkFeatures(nn.Module):
+    """The features of one chunk, as a module without state: fairscale checkpoints a module's
+    forward, and this one takes the model as an argument so that nothing is renamed."""
+
+    def forward(self, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return VideoModel.features(model, frames, mask)
+
+
+def _fairscale_checkpointed(backbone: nn.Module) -> nn.Module:
+    from fairscale.nn.checkpoint.checkpoint_activations import (
+        checkpoint_wrapper,
+        is_recomputing,
+    )
+
+    # fairscale's own BN patch defers each chunk's stats update to its recompute, which runs in
+    # reverse chunk order, so running stats come out wrong with more than one chunk. It patches
+    # only BN layers inside the module it wraps, which here holds none; the hooks below update
+    # stats in the first (forward-order) pass and freeze them during recompute, as the torch
+    # recompute does. They sit on the BN layers because fairscale recomputes by calling the
+    # wrapped forward directly, past any module's own hooks.
+    active: dict[int, AbstractContextManager[None]] = {}
+
+    def enter(bn: nn.Module, args: Any) -> None:
+        if is_recomputing():
+            assert isinstance(bn, _BatchNorm)
+            active[id(bn)] = ctx = frozen_bn_stats([bn])
+            ctx.__enter__()
+
+    def leave(bn: nn.Module, args: Any, output: Any) -> None:
+        ctx = active.pop(id(bn), None)
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+    # fairscale feeds its autograd function a dummy tensor that requires grad, so torch's
+    # "None of the inputs have requires_grad=True" is false here; the trainer's first-step check
+    # still catches a parameter that really gets no gradient.
+    warnings.filterwarnings(
+        "ignore", "None of the inputs have requires_grad", UserWarning, "fairscale"
+    )
+    for bn in batchnorms(backbone):
+        bn.register_forward_pre_hook(enter)
+        bn.register_forward_hook(leave)
+    return checkpoint_wrapper(_ChunkFeatures())
+
+
+class ChunkedModel(VideoModel):
+    """A :class:`VideoModel` whose backbone runs ``chunk_frames`` frames at a time, each chunk
+    recomputed in backward; the same modules under the same names.
+
+    This module owns the chunk loop, so sharding it as one unit gathers the CNN's parameters once
+    per step rather than once per chunk and recompute (docs/design.md, "Communication").
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head: TemporalHead,
+        feature_dim: int,
+        chunk_frames: int,
+        recompute: Recompute,
+    ) -> None:
+        super().__init__(backbone, head, feature_dim)
+        self.chunk_frames = chunk_frames
+        self.recompute = recompute
+        self._bns = batchnorms(backbone)
+        self._fairscale = (
+            _fairscale_checkpointed(backbone) if recompute is Recompute.fairscale else None
+        )
+
+    def _contexts(self) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
+        return nullcontext(), frozen_bn_stats(self._bns)
+
+    def _chunk(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled() or self.recompute is Recompute.none:
+            return super().features(frames, mask)
+        if self._fairscale is not None:
+            return self._fairscale(self, frames, mask)
+        # Non-reentrant on purpose: reentrant checkpointing gives the CNN no gradients (only a
+        # warning) when the frames do not require grad, which they never do.
+        return checkpoint(
+            super().features, frames, mask, use_reentrant=False, context_fn=self._contexts
+        )
+
+    def features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        k, length = self.chunk_frames, frames.shape[1]
+        # Which chunks hold a real frame, in one device-to-host copy for the whole sequence. A
+        # chunk of padding alone costs nothing and never reaches a checkpoint: fairscale's raises
+        # in backward on an output that needs no gradient.
+        padded = F.pad(mask, (0, -length % k)).view(mask.shape[0], -1, k)
+        real = padded.any(2).any(0).tolist()
+        dtype = next(self.backbone.parameters()).dtype
+        feats = []
+        for i, start in enumerate(range(0, length, k)):
+            chunk = frames[:, start : start + k], mask[:, start : start + k]
+            if real[i]:
+                feats.append(self._chunk(*chunk))
+            else:
+                feats.append(frames.new_zeros((*chunk[1].shape, self.feature_dim), dtype=dtype))
+        return torch.cat(feats, dim=1)

@@ -1,0 +1,118 @@
+"""The per-frame CNN: a torchvision classification model with its classifier removed.
+
+Its parameter names are torchvision's own (``conv1.weight``, ``layer1.0.bn1.weight``, ...), so a
+torchvision ``state_dict`` loads into it as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torchvision
+from torch import nn
+from torchvision.ops import FrozenBatchNorm2d
+
+from distseq.config import BackboneConfig, Norm
+from distseq.errors import ConfigError, first_line
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)
+
+
+def _convert_norm(cnn: nn.Module, norm: Norm) -> None:
+    """Swap BatchNorm2d for a norm whose output for a frame does not depend on its chunk-mates."""
+    if norm is Norm.batchnorm:
+        return
+    for name, bn in list(cnn.named_modules()):
+        if not isinstance(bn, nn.BatchNorm2d):
+            continue
+        new: nn.Module
+        if norm is Norm.frozen_bn:
+            new = FrozenBatchNorm2d(bn.num_features, eps=bn.eps)
+            for key in ("weight", "bias", "running_mean", "running_var"):
+                getattr(new, key).copy_(getattr(bn, key).detach())
+        else:
+            # gcd keeps every group the same size for widths like 40 or 112 (EfficientNet).
+            new = nn.GroupNorm(math.gcd(32, bn.num_features), bn.num_features, eps=bn.eps)
+            with torch.no_grad():
+                new.weight.copy_(bn.weight)
+                new.bias.copy_(bn.bias)
+        _set_module(cnn, name, new)
+
+
+def _load_weights(cnn: nn.Module, path: str) -> None:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config key model.backbone.weights: file not found: {file}")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(
+            f"model.backbone.weights {file}: not a loadable state_dict ({first_line(e)})"
+        ) from None
+    if not isinstance(state, dict):
+        raise ConfigError(
+            f"model.backbone.weights {file}: expected a state_dict, got {type(state)}"
+        )
+    try:
+        result = cnn.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatches; the first line names the first offender
+        detail = [line.strip() for line in str(e).splitlines() if line.strip()][1:2]
+        raise ConfigError(
+            f"model.backbone.weights {file}: does not fit the model: {detail}"
+        ) from None
+    if result.missing_keys or result.unexpected_keys:
+        bad = (result.missing_keys + result.unexpected_keys)[:3]
+        raise ConfigError(f"model.backbone.weights {file}: keys do not match the model, e.g. {bad}")
+
+
+def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
+    """The CNN, mapping normalised float frames [N, 3, H, W] to features [N, F], and F."""
+    if cfg.name not in torchvision.models.list_models(module=torchvision.models):
+        raise ConfigError(f"config key model.backbone.name={cfg.name!r}: not a torchvision model")
+    cnn = torchvision.models.get_model(cfg.name, weights=None)
+    if cfg.weights:
+        _load_weights(cnn, cfg.weights)
+    _convert_norm(cnn, cfg.norm)
+    # The classifier is the last Linear in every torchvision CNN we support; what feeds it
+    # is the per-frame feature vector.
+    linears = [(n, m) for n, m in cnn.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ConfigError(f"config key model.backbone.name={cfg.name!r}: no final nn.Linear")
+    name, fc = linears[-1]
+    _set_module(cnn, name, nn.Identity())
+    return cnn, fc.in_features
+
+
+def frame_features(
+    cnn: nn.Module,
+    frames: torch.Tensor,
+    mask: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    feature_dim: int,
+) -> torch.Tensor:
+    """uint8 frames [B, T, 3, H, W] + mask [B, T] -> features [B, T, F], zero where masked out.
+
+    Only masked-in frames go through the CNN: padding costs no compute and never reaches
+    BatchNorm statistics. Normalising here, per call, keeps the whole sequence in memory as
+    uint8 (4x smaller than float).
+    """
+    # Under a mixed-precision policy the parameters seen here are already the low-precision
+    # copies, so this is the compute dtype whatever wraps the model.
+    dtype = next(cnn.parameters()).dtype
+    if not bool(mask.any()):
+        return frames.new_zeros((*mask.shape, feature_dim), dtype=dtype)
+    x = (frames[mask].float().div_(255.0) - mean) / std
+    feats = cnn(x.to(dtype))
+    out = feats.new_zeros((*mask.shape, feats.shape[-1]))
+    out[mask] = feats
+    return out

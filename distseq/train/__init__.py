@@ -1,0 +1,5 @@
+"""train: the loop (``loop``) and its parts: ``step``, ``optim``, ``log`` and stop ``signals``.
+
+The trainer composes every stage below it; nothing below imports it, so a model can be built,
+loaded and run (``predict``, ``eval``, ``bench``) without it.
+"""

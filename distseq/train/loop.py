@@ -1,0 +1,189 @@
+"""The training loop, as a recipe: build, restore, then step, log, validate and save."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from distseq.checkpoint.sharded import (
+    Position,
+    RankState,
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    read_rank_state,
+    restore_rng,
+    save_checkpoint,
+)
+from distseq.config import Config, to_yaml
+from distseq.data.batch import Batch
+from distseq.data.format import load_manifest
+from distseq.data.train_stream import train_batches
+from distseq.data.val_stream import val_batches
+from distseq.errors import TrainingError
+from distseq.files import write_atomic
+from distseq.memory.policy import apply_memory_policy
+from distseq.model.head import Carry
+from distseq.model.video import build_model
+from distseq.parallel import (
+    DistInfo,
+    all_reduce_sum,
+    close_distributed,
+    init_distributed,
+    parallelize,
+)
+from distseq.train.log import MetricsLog
+from distseq.train.optim import build_optimizer
+from distseq.train.signals import Interrupted
+from distseq.train.step import check_every_parameter_has_grad, clip_grad_norm, evaluate, train_step
+
+
+def _micro_batches(stream: Iterator[Batch], n: int, device: torch.device) -> list[Batch]:
+    return [next(stream).to(device) for _ in range(n)]
+
+
+def _carries(cfg: Config, saved: RankState, device: torch.device) -> dict[int, Carry] | None:
+    if not cfg.data.ordered:
+        return None
+    carries = {}
+    for worker, state in saved.carries.items():
+        carries[worker] = carry = Carry()
+        carry.state = (
+            (state[0].to(device), state[1].to(device))
+            if isinstance(state, tuple)
+            else state.to(device)
+        )
+    return carries
+
+
+def _rank_state(skipped: list[str], carries: dict[int, Carry] | None) -> RankState:
+    held = (carries or {}).items()
+    return RankState(skipped, {w: c.state for w, c in held if c.state is not None})
+
+
+def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, float]:
+    """Run one training job as this process's rank; returns the final metrics.
+
+    ``stop`` is polled after every step; once it returns True on any rank, all ranks save a
+    checkpoint together and raise :class:`Interrupted` (e.g. a SLURM job told to stop).
+    """
+    info = init_distributed()
+    try:
+        return _train(cfg, info, stop)
+    finally:
+        close_distributed()
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    return bool(all_reduce_sum(torch.tensor([float(flag)], device=device)).item() > 0)
+
+
+def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict[str, float]:
+    out = Path(cfg.train.out_dir)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "config.yaml", to_yaml(cfg))
+
+    manifest = load_manifest(cfg.data)
+    torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
+    model = parallelize(
+        apply_memory_policy(build_model(cfg.model, manifest.num_classes), cfg.memory),
+        cfg.parallel,
+        info,
+    )
+    optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
+    state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
+    checkpoints = out / "checkpoints"
+    latest = latest_checkpoint(checkpoints)
+    resumed = None if latest is None else load_checkpoint(latest, state)
+    position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
+    metrics = {} if resumed is None else resumed.metrics
+    log = MetricsLog(out / "metrics.jsonl", info.is_main, after_step=position.step)
+    last_step = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
+    if position.step >= last_step:  # nothing left to train, e.g. a finished run launched again
+        return metrics
+
+    saved = RankState() if resumed is None else read_rank_state(resumed)
+    # The stream is deterministic for its seed; it seeks past the batches already trained on
+    # without decoding them, given which samples turned out bad on the way.
+    stream = train_batches(
+        cfg.data,
+        seed=position.seed,
+        rank=info.rank,
+        world=info.world,
+        skip_batches=position.batches,
+        bad=set(saved.skipped),
+    )
+    stream = itertools.chain([next(stream)], stream)
+    if resumed is not None:
+        # Only now: starting the loader just above drew its workers' base seed from torch's
+        # RNG, as the uninterrupted run did at its first step.
+        restore_rng(resumed, saved)
+    skipped, carries = saved.skipped, _carries(cfg, saved, info.device)
+
+    first = position.step + 1
+    # Redraws are for terminals; in a log file each one is a line, so write one every 30 s. The
+    # bar closes on any error too, so that the error is printed on a line of its own.
+    with tqdm(
+        total=cfg.train.steps,
+        initial=position.step,
+        desc="train",
+        disable=not info.is_main,
+        dynamic_ncols=True,
+        mininterval=0.5 if sys.stderr.isatty() else 30.0,
+    ) as bar:
+        for step in range(first, last_step + 1):
+            batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
+            start = time.perf_counter()
+            loss, real_frames = train_step(model, optimizer, batches, info.world, carries)
+            if step == first:
+                check_every_parameter_has_grad(model)
+            grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            lr = float(schedule.get_last_lr()[0])
+            schedule.step()
+            seconds = time.perf_counter() - start
+            if not math.isfinite(loss):
+                raise TrainingError(f"loss is {loss} at step {step}; lower optim.lr?")
+            position = Position(step, position.batches + len(batches), position.seed)
+            metrics = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
+            metrics["frames_per_s"] = real_frames / seconds
+            skipped += [bad for batch in batches for bad in batch.skipped]
+            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)  # a refresh per step floods logs
+            bar.update()
+            if step % cfg.train.log_every == 0 or step == cfg.train.steps:
+                count = torch.tensor([float(len(skipped))], device=info.device)
+                metrics["skipped_samples"] = int(all_reduce_sum(count).item())  # all ranks, legs
+                log.write(metrics)
+                bar.write(
+                    f"step {step}: loss {loss:.4f}  lr {lr:.2e}  grad_norm {grad_norm:.3f}  "
+                    f"{metrics['frames_per_s']:.0f} frames/s"
+                )
+            last = step == cfg.train.steps
+            every = cfg.train.eval_every
+            if cfg.data.val and (last or (every and step % every == 0)):
+                val = val_batches(cfg.data, manifest, info.rank, info.world)
+                metrics["val_accuracy"] = evaluate(model, val, info.device)
+                log.write({"step": step, "val_accuracy": metrics["val_accuracy"]})
+                bar.write(f"step {step}: val per-frame accuracy {metrics['val_accuracy']:.3f}")
+            # One tiny all-reduce per step: a signal reaches the ranks at different moments, and
+            # a save that only some ranks join would hang the others.
+            stopping = stop is not None and _any_rank(stop(), info.device)
+            save = cfg.train.save_every and step % cfg.train.save_every == 0
+            if step == last_step or stopping or save:
+                rank_state = _rank_state(skipped, carries)
+                save_checkpoint(
+                    checkpoints, state, position, metrics, cfg.train.keep_last, rank_state
+                )
+            if stopping and step < last_step:
+                raise Interrupted(step)
+    log.close()
+    return metrics

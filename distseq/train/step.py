@@ -1,0 +1,82 @@
+"""One optimizer step's forward and backward, gradient checks and clipping, and validation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from distseq.data.batch import Batch
+from distseq.errors import TrainingError
+from distseq.model.head import Carry
+from distseq.parallel import all_reduce_sum, gradient_sync
+
+
+def check_every_parameter_has_grad(model: nn.Module) -> None:
+    """Fail loudly where checkpointing or sharding would silently stop a part from learning."""
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if missing:
+        raise TrainingError(
+            f"{len(missing)} parameters got no gradient after the first step "
+            f"(e.g. {missing[0]}); refusing to train a model that cannot learn"
+        )
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):  # sharded gradients: the local norm is a partial result
+        norm = norm.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+    return float(norm)
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Batch],
+    world: int,
+    carries: dict[int, Carry] | None = None,
+) -> tuple[float, int]:
+    """Forward and backward over the micro-batches of one optimizer step.
+
+    Returns the mean loss per real frame over the global batch and the global frame count. Each
+    rank's loss is scaled so that the gradient average that DDP and FSDP perform gives exactly
+    the gradient of the global mean, whatever the padding on each rank.
+
+    ``carries`` (ordered mode): the RNN state of each loader worker's lanes, carried across
+    batches; each worker's batches continue its own videos.
+    """
+    real = all_reduce_sum(sum(b.mask.sum() for b in micro_batches).double())  # type: ignore[union-attr]
+    total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].mask.device)
+    for i, batch in enumerate(micro_batches):
+        carry = None if carries is None else carries.setdefault(batch.worker, Carry())
+        if carry is not None:
+            carry.reset(batch.starts)
+        with gradient_sync(model, enabled=i == len(micro_batches) - 1):
+            logits = model(batch.frames, batch.mask, carry)
+            loss_sum = F.cross_entropy(
+                logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="sum"
+            )
+            (loss_sum * (world / real)).backward()
+        total += loss_sum.detach().double()
+    return float(all_reduce_sum(total) / real), int(real)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device) -> float:
+    """Per-frame accuracy over real frames of the whole validation split, all ranks together."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    for batch in batches:
+        batch = batch.to(device)
+        pred = model(batch.frames, batch.mask).argmax(-1)
+        counts[0] += (pred[batch.mask] == batch.labels[batch.mask]).sum()
+        counts[1] += batch.mask.sum()
+    model.train()
+    correct, total = all_reduce_sum(counts).tolist()
+    return correct / max(total, 1.0)
