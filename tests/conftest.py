@@ -1,4 +1,10 @@
-"""Shared helpers: real torchrun launches and tiny models that run in seconds on 2 CPU cores."""
+"""Shared helpers: real torchrun launches and tiny models that run in seconds on 2 CPU cores.
+
+Tests mirror the package (tests/data for distseq/data, ...). Those that start real processes
+(torchrun, SLURM) live in tests/integration and are marked ``integration``; their torchrun worker
+scripts are the files in tests/integration/workers. ``python -m pytest -m "not integration"`` runs
+the rest in a few minutes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,20 +21,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from distseq.config import (
-    BackboneConfig,
-    Backend,
-    HeadConfig,
-    MemoryConfig,
-    ModelConfig,
-    Norm,
-)
-from distseq.data import IGNORE_INDEX, Batch
-from distseq.memory import apply_memory_policy
-from distseq.model import VideoModel, build_model
-from distseq.synthetic import write_synthetic
+from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Norm, Recompute
+from distseq.data.batch import IGNORE_INDEX, Batch
+from distseq.data.synthetic import write_synthetic
+from distseq.memory.chunked import ChunkedModel
+from distseq.memory.policy import apply_memory_policy
+from distseq.model.video import build_model
 
 REPO = Path(__file__).resolve().parents[1]
+INTEGRATION = REPO / "tests" / "integration"
+WORKERS = INTEGRATION / "workers"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +64,7 @@ def tiny_config(tmp_path: Path, shards: Path) -> Path:
 data:
   train: {shards}/train-{{000000..000003}}.tar
   val: {shards}/val-{{000000..000001}}.tar
-  frames: 8
+  window: 8
   size: 32
   batch_size: 2
   num_workers: 0
@@ -71,7 +78,7 @@ train: {{steps: 3, log_every: 1, out_dir: {tmp_path / "run"}}}
 
 
 def tiny_model(
-    backend: str = "torch",
+    recompute: str = "torch",
     chunk: int = 4,
     *,
     backbone: str = "resnet18",
@@ -79,14 +86,15 @@ def tiny_model(
     classes: int = 3,
     seed: int = 0,
     **head: object,
-) -> VideoModel:
+) -> ChunkedModel:
     torch.manual_seed(seed)
     cfg = ModelConfig(
         backbone=BackboneConfig(name=backbone, norm=Norm(norm)),
         head=HeadConfig(**{"hidden": 16, **head}),  # type: ignore[arg-type]
     )
     model = build_model(cfg, classes)
-    return apply_memory_policy(model, MemoryConfig(backend=Backend(backend), chunk_frames=chunk))
+    memory = MemoryConfig(recompute=Recompute(recompute), chunk_frames=chunk)
+    return apply_memory_policy(model, memory)
 
 
 def random_batch(
@@ -120,6 +128,23 @@ def report(record: dict) -> None:
     Path(f"result_{rank}.json").write_text(json.dumps({"rank": rank, **record}))
 
 
+def run_distseq(*args: str, cwd: Path, torchrun: int = 0) -> subprocess.CompletedProcess[str]:
+    """``python -m distseq ARGS`` as a user runs it, or under ``torchrun`` with that many ranks."""
+    launcher = [sys.executable, "-m"]
+    if torchrun:
+        launcher += [
+            "torch.distributed.run",
+            f"--nproc_per_node={torchrun}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            "-m",
+        ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [*launcher, "distseq", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
+
+
 def launch_torchrun(
     script: Path,
     nproc: int,
@@ -137,7 +162,7 @@ def launch_torchrun(
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
         # A restarted group must not share the store of the group it replaces: there it can
         # read the dead ranks' gloo addresses and fail or hang connecting (pytorch#135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
@@ -164,17 +189,15 @@ def launch_torchrun(
 
 
 def torchrun(
-    script: str, nproc: int, tmp_path: Path, *args: str, timeout: float = 300
+    worker: str, nproc: int, tmp_path: Path, *args: str, timeout: float = 300
 ) -> list[dict]:
-    """Run the source ``script`` under torchrun in tmp_path; it must succeed.
+    """Run ``tests/integration/workers/<worker>.py`` under torchrun in tmp_path; it must succeed.
 
     Each rank calls :func:`report`; the records come back in rank order.
     """
-    path = tmp_path / f"script_{nproc}.py"
-    path.write_text(textwrap.dedent(script))
     for old in tmp_path.glob("result_*.json"):
         old.unlink()
-    proc = launch_torchrun(path, nproc, tmp_path, *args, timeout=timeout)
+    proc = launch_torchrun(WORKERS / f"{worker}.py", nproc, tmp_path, *args, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(
             f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -1,44 +1,22 @@
-"""The command line as users run it: config errors, and a real 2-rank training run."""
+"""The command line as users run it: config errors, a run's own config, the demo, submit."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed.checkpoint as dcp
 
-from conftest import REPO, free_port, tiny_config
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
-def distseq(*args: str, cwd: Path, torchrun: int = 0) -> subprocess.CompletedProcess[str]:
-    launcher = [sys.executable, "-m"]
-    if torchrun:
-        launcher += [
-            "torch.distributed.run",
-            f"--nproc_per_node={torchrun}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}",
-            "-m",
-        ]
-    return subprocess.run(
-        [*launcher, "distseq", *args], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=600
-    )
+from conftest import run_distseq as distseq
+from conftest import tiny_config
 
 
 @pytest.mark.parametrize(
     "override,key",
     [
         ("memory.chunk_size=4", "memory.chunk_size"),  # unknown key
-        ("data.frames=many", "data.frames"),  # wrong type
+        ("data.window=many", "data.window"),  # wrong type
         ("memory.chunk_frames=0", "memory.chunk_frames"),  # out of range
-        ("memory.backend=fsdp1", "memory.backend"),  # not a choice
+        ("memory.recompute=fsdp1", "memory.recompute"),  # not a choice
         ("model.backbone.name=resnet7", "model.backbone.name"),
         ("model.backbone.weights=/nonexistent.pth", "model.backbone.weights"),
         ("data.train=", "data.train"),  # no shards at all
@@ -60,31 +38,30 @@ def test_missing_config_file(tmp_path: Path) -> None:
     assert "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_torchrun_fsdp_training_run(tmp_path: Path, shards: Path) -> None:
-    proc = distseq("train", str(tiny_config(tmp_path, shards)), cwd=tmp_path, torchrun=2)
+def test_a_run_trains_again_from_its_own_config(tmp_path: Path, shards: Path) -> None:
+    # As a user would: switch validation off with an empty value, then rerun the run's config.
+    proc = distseq("train", str(tiny_config(tmp_path, shards)), "data.val=", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [
-        json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
-    ]
-    steps = [r for r in records if "loss" in r]
-    assert [r["step"] for r in steps] == [1, 2, 3]
-    assert all(r["loss"] > 0 and r["frames_per_s"] > 0 for r in steps)
-    val = [r["val_accuracy"] for r in records if "val_accuracy" in r]
-    assert len(val) == 1 and 0.0 <= val[0] <= 1.0
-    ckpt = tmp_path / "run/checkpoints"
-    assert (ckpt / "latest").read_text().strip() == "step_00000003"
-    # the sharded checkpoint holds the whole model: read it back without any process group
-    meta = dcp.FileSystemReader(str(ckpt / "step_00000003")).read_metadata()
-    keys = set(meta.state_dict_metadata)
-    assert "model.encoder.encoder.cnn.conv1.weight" in keys and "model.head.classifier.bias" in keys
-    assert torch.Size(meta.state_dict_metadata["model.head.classifier.bias"].size) == (3,)
-    # and `distseq export` consolidates it into one file that loads without unpickling code
+    saved = tmp_path / "run" / "config.yaml"
+    assert "on_error: raise\n" in saved.read_text() and "  val: ''\n" in saved.read_text()
+    again = distseq("train", str(saved), "train.steps=4", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stderr and "at step 3" in again.stderr
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step_00000004\n"
+
+
+def test_an_error_during_training_stands_on_its_own_line(tmp_path: Path, shards: Path) -> None:
+    # A val shard that index.json does not list fails at the first validation, bar open.
+    unlisted = tmp_path / "val-000099.tar"
+    unlisted.write_bytes((shards / "val-000000.tar").read_bytes())
+    config = str(tiny_config(tmp_path, shards))
     proc = distseq(
-        "export", str(tmp_path / "run"), "--out", str(tmp_path / "model.pt"), cwd=tmp_path
+        "train", config, f"data.val={unlisted}", f"data.manifest={shards}/index.json", cwd=tmp_path
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    exported = torch.load(tmp_path / "model.pt", weights_only=True)
-    assert exported["step"] == 3 and exported["model"]["head.classifier.bias"].shape == (3,)
+    assert proc.returncode == 1
+    assert "train: 100%" in proc.stderr  # the bar was drawn
+    errors = [line for line in proc.stderr.split("\n") if "distseq: error" in line]
+    assert errors == [f"distseq: error: val shard {unlisted} is not listed in index.json"]
 
 
 def test_demo_runs_end_to_end_and_reports_both_accuracies(tmp_path: Path) -> None:
@@ -94,6 +71,22 @@ def test_demo_runs_end_to_end_and_reports_both_accuracies(tmp_path: Path) -> Non
     assert "CNN alone (per frame)" in proc.stdout and "CNN+LSTM, end to end" in proc.stdout
     for run in ("cnn_only", "cnn_rnn"):
         assert (tmp_path / "demo" / run / "checkpoints" / "latest").is_file()
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["memory.tbptt_frames=64", "model.head.bidirectional=true"], "memory.tbptt_frames"),
+        (["parallel.precision=bf16", "parallel.mode=ddp"], "parallel.precision"),
+    ],
+)
+def test_submit_refuses_a_config_that_would_fail_on_the_cluster(
+    overrides: list[str], key: str, tmp_path: Path, shards: Path
+) -> None:
+    config = str(tiny_config(tmp_path, shards))
+    proc = distseq("submit", config, *overrides, "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and f"config key {key}=" in proc.stderr, proc.stderr
 
 
 def test_submit_dry_run_shows_the_sbatch_script(tmp_path: Path, shards: Path) -> None:

@@ -8,6 +8,7 @@ backward. Gradients are those of the plain model (docs/design.md, "Exact gradien
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -51,26 +52,17 @@ def batchnorms(module: nn.Module) -> list[_BatchNorm]:
     return [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
 
 
-class _ChunkFeatures(nn.Module):
-    """The features of one chunk, as a module without state: fairscale checkpoints a module's
-    forward, and this one takes the model as an argument so that nothing is renamed."""
+def _fairscale_bn_hooks(backbone: nn.Module) -> None:
+    """Keep BatchNorm statistics exact under fairscale's recompute.
 
-    def forward(self, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return VideoModel.features(model, frames, mask)
+    fairscale's own BN patch (``checkpoint_wrapper`` applies it) defers each chunk's stats update
+    to its recompute, which runs in reverse chunk order, so running stats come out wrong with
+    more than one chunk. These hooks update stats in the first (forward-order) pass and freeze
+    them during recompute, as the torch recompute does. They sit on the BN layers because
+    fairscale recomputes by calling the checkpointed function directly, past any module's hooks.
+    """
+    from fairscale.nn.checkpoint.checkpoint_activations import is_recomputing
 
-
-def _fairscale_checkpointed(backbone: nn.Module) -> nn.Module:
-    from fairscale.nn.checkpoint.checkpoint_activations import (
-        checkpoint_wrapper,
-        is_recomputing,
-    )
-
-    # fairscale's own BN patch defers each chunk's stats update to its recompute, which runs in
-    # reverse chunk order, so running stats come out wrong with more than one chunk. It patches
-    # only BN layers inside the module it wraps, which here holds none; the hooks below update
-    # stats in the first (forward-order) pass and freeze them during recompute, as the torch
-    # recompute does. They sit on the BN layers because fairscale recomputes by calling the
-    # wrapped forward directly, past any module's own hooks.
     active: dict[int, AbstractContextManager[None]] = {}
 
     def enter(bn: nn.Module, args: Any) -> None:
@@ -93,7 +85,6 @@ def _fairscale_checkpointed(backbone: nn.Module) -> nn.Module:
     for bn in batchnorms(backbone):
         bn.register_forward_pre_hook(enter)
         bn.register_forward_hook(leave)
-    return checkpoint_wrapper(_ChunkFeatures())
 
 
 class ChunkedModel(VideoModel):
@@ -116,23 +107,26 @@ class ChunkedModel(VideoModel):
         self.chunk_frames = chunk_frames
         self.recompute = recompute
         self._bns = batchnorms(backbone)
-        self._fairscale = (
-            _fairscale_checkpointed(backbone) if recompute is Recompute.fairscale else None
-        )
+        if recompute is Recompute.fairscale:
+            _fairscale_bn_hooks(backbone)
 
     def _contexts(self) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
         return nullcontext(), frozen_bn_stats(self._bns)
 
-    def _chunk(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _chunk(self, *chunk: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled() or self.recompute is Recompute.none:
-            return super().features(frames, mask)
-        if self._fairscale is not None:
-            return self._fairscale(self, frames, mask)
+            return super().features(*chunk)
+        if self.recompute is Recompute.fairscale:
+            from fairscale.nn.checkpoint.checkpoint_activations import _checkpointed_forward
+
+            # What fairscale's checkpoint_wrapper puts in place of a module's forward, for one
+            # chunk: wrapping this module would checkpoint the whole chunk loop as one, and
+            # wrapping the backbone would keep each chunk's float input, 4x its uint8 frames.
+            # It takes this module's parameters to decide that the output needs a gradient.
+            return _checkpointed_forward(VideoModel.features, weakref.ref(self), False, *chunk)
         # Non-reentrant on purpose: reentrant checkpointing gives the CNN no gradients (only a
         # warning) when the frames do not require grad, which they never do.
-        return checkpoint(
-            super().features, frames, mask, use_reentrant=False, context_fn=self._contexts
-        )
+        return checkpoint(super().features, *chunk, use_reentrant=False, context_fn=self._contexts)
 
     def features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         k, length = self.chunk_frames, frames.shape[1]

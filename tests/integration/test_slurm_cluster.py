@@ -268,7 +268,7 @@ def test_distseq_submit_trains_on_two_tasks(slurm: Path, tmp_path: Path, shards:
 def _submit_tiny(
     tmp_path: Path, shards: Path, folder: Path, tasks: int, *overrides: str
 ) -> tuple[SlurmJob, Path]:
-    from distseq.submit import SlurmOptions, submit
+    from distseq.slurm import SlurmOptions, submit
 
     config = tiny_config(tmp_path, shards)
     opts = SlurmOptions(tasks_per_node=tasks, partition="debug", time="00:05:00")
@@ -307,7 +307,7 @@ def test_interrupted_job_saves_on_all_ranks_requeues_and_ends_as_uninterrupted(
 ) -> None:
     import torch
 
-    from distseq.export import load_exported
+    from distseq.checkpoint.export import load_exported
 
     steps = 16
     # No periodic checkpoints: the requeued run can only resume from the save on the signal.

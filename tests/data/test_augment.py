@@ -13,9 +13,10 @@ import webdataset as wds
 from torchvision.io import encode_jpeg
 from torchvision.transforms.v2.functional import resize
 
-from distseq.augment import Params, apply, draw
 from distseq.config import AugmentConfig, DataConfig
-from distseq.data import Batch, train_batches
+from distseq.data.augment import Params, apply, draw
+from distseq.data.batch import Batch
+from distseq.data.train_stream import train_batches
 
 # torchvision 0.29 deprecates its JPEG codecs (in favour of TorchCodec) on every call.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
@@ -97,7 +98,7 @@ def _static_videos(root: Path, count: int = 4, frames: int = 6) -> DataConfig:
     index = {"format": 1, "classes": ["c0"], "shards": {"static-000000.tar": info}}
     (root / "index.json").write_text(json.dumps(index))
     return DataConfig(
-        train=str(root / "static-000000.tar"), size=32, frames=4, batch_size=2, num_workers=0
+        train=str(root / "static-000000.tar"), size=32, window=4, batch_size=2, num_workers=0
     )
 
 

@@ -8,9 +8,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from conftest import random_batch, tiny_model
-from distseq.data import Batch
-from distseq.model import VideoModel
-from distseq.train import TrainingError, check_every_parameter_has_grad
+from distseq.config import MemoryConfig
+from distseq.data.batch import Batch
+from distseq.errors import TrainingError
+from distseq.memory.policy import apply_memory_policy
+from distseq.model.video import VideoModel
+from distseq.train.step import check_every_parameter_has_grad
 
 TOL = 1e-5
 
@@ -32,36 +35,52 @@ def max_rel_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) ->
     )
 
 
-@pytest.mark.parametrize("backend", ["torch", "fairscale"])
-def test_chunked_checkpoint_matches_plain_unchunked(backend: str) -> None:
+@pytest.mark.parametrize("recompute", ["torch", "fairscale"])
+def test_chunked_checkpoint_matches_plain_unchunked(recompute: str) -> None:
     # T=13 with k=4: the last chunk is short; the second sequence is padded after 9 frames.
     batch = random_batch(2, 13, lengths=[13, 9])
     ref, ref_loss = step(tiny_model("none", chunk=1000), batch)
-    got, loss = step(tiny_model(backend, chunk=4), batch)
+    got, loss = step(tiny_model(recompute, chunk=4), batch)
     assert max_rel_error(got, ref) < TOL
     assert abs(loss - ref_loss) < 1e-6
 
 
-@pytest.mark.parametrize("backend", ["torch", "fairscale"])
-def test_dropout_is_replayed_in_recompute(backend: str) -> None:
+@pytest.mark.parametrize("recompute", ["torch", "fairscale"])
+def test_a_chunk_of_padding_alone_costs_nothing(recompute: str) -> None:
+    # T=24 in chunks of 4, real lengths 10 and 8: chunks 3 to 5 hold no real frame. fairscale's
+    # checkpoint raised in backward on such a chunk ("None of the outputs have requires_grad").
+    batch = random_batch(2, 24, lengths=[10, 8])
+    ref, ref_loss = step(tiny_model("none", chunk=1000), batch)
+    model = tiny_model(recompute, chunk=4)
+    calls = []
+    model.backbone.register_forward_hook(lambda module, args, out: calls.append(len(out)))
+    got, loss = step(model, batch)
+    assert max_rel_error(got, ref) < TOL and abs(loss - ref_loss) < 1e-6
+    # Frames per backbone call: the 3 chunks with real frames (2 rows x 4, 2 x 4, then row 0
+    # alone), each run forward and recomputed once in reverse; none for a chunk of padding.
+    assert calls == [8, 8, 2, 2, 8, 8]
+
+
+@pytest.mark.parametrize("recompute", ["torch", "fairscale"])
+def test_dropout_is_replayed_in_recompute(recompute: str) -> None:
     # EfficientNet's stochastic depth and the head's dropout both draw random numbers; the
     # recompute must draw the same ones. The reference is the same chunking without checkpoints,
     # because chunking changes the order of random draws.
     kw = dict(backbone="efficientnet_b0", layers=2, dropout=0.3)
     batch = random_batch(2, 10, lengths=[10, 7])
     ref, _ = step(tiny_model("none", chunk=4, **kw), batch)
-    got, _ = step(tiny_model(backend, chunk=4, **kw), batch)
+    got, _ = step(tiny_model(recompute, chunk=4, **kw), batch)
     assert max_rel_error(got, ref) < TOL
     # and dropout really was on: another seed gives other gradients
-    other, _ = step(tiny_model(backend, chunk=4, **kw), batch, seed=6)
+    other, _ = step(tiny_model(recompute, chunk=4, **kw), batch, seed=6)
     assert max_rel_error(other, ref) > 1e-3
 
 
-@pytest.mark.parametrize("backend", ["torch", "fairscale"])
-def test_batchnorm_grads_and_running_stats_updated_once(backend: str) -> None:
+@pytest.mark.parametrize("recompute", ["torch", "fairscale"])
+def test_batchnorm_grads_and_running_stats_updated_once(recompute: str) -> None:
     batch = random_batch(2, 12, size=64, lengths=[12, 10])
     ref_model = tiny_model("none", chunk=4, norm="batchnorm")
-    model = tiny_model(backend, chunk=4, norm="batchnorm")
+    model = tiny_model(recompute, chunk=4, norm="batchnorm")
     ref, _ = step(ref_model, batch)
     got, _ = step(model, batch)
     assert max_rel_error(got, ref) < TOL
@@ -71,17 +90,16 @@ def test_batchnorm_grads_and_running_stats_updated_once(backend: str) -> None:
         assert torch.equal(buf, ref_buffers[name]), name
         bns += name.endswith("num_batches_tracked")
     assert bns > 0
-    tracked = model.get_buffer("encoder.encoder.cnn.bn1.num_batches_tracked")
+    tracked = model.get_buffer("backbone.bn1.num_batches_tracked")
     assert int(tracked) == 3  # three chunks, one update each, not six
 
 
 def test_truncated_bptt_cuts_gradient_only_when_asked() -> None:
     batch = random_batch(1, 12)
     full = tiny_model("torch", chunk=4)
-    cut = tiny_model("torch", chunk=4)
-    cut.head.tbptt_frames = 4
+    cut = apply_memory_policy(tiny_model(), MemoryConfig(chunk_frames=4, tbptt_frames=4))
     for model in (full, cut):
-        feats = model.encoder(batch.frames, batch.mask).detach().requires_grad_(True)
+        feats = model.features(batch.frames, batch.mask).detach().requires_grad_(True)
         model.head(feats, batch.mask)[0, -1].sum().backward()
         early = feats.grad[0, :8].abs().sum()
         if model is full:
@@ -91,13 +109,12 @@ def test_truncated_bptt_cuts_gradient_only_when_asked() -> None:
 
 
 def test_guard_catches_reentrant_checkpoint_dropping_cnn_grads() -> None:
-    # What design.md warns of: reentrant checkpointing with inputs that do not require grad
+    # What docs/design.md warns of: reentrant checkpointing with inputs that do not require grad
     # leaves the CNN without gradients and only warns. The first-step guard turns it into an error.
     model = tiny_model("none", chunk=1000)
-    inner = model.encoder.encoder
     batch = random_batch(1, 4)
     with pytest.warns(UserWarning):
-        feats = checkpoint(inner, batch.frames, batch.mask, use_reentrant=True)
+        feats = checkpoint(model.features, batch.frames, batch.mask, use_reentrant=True)
     model.head(feats, batch.mask).sum().backward()
     with pytest.raises(TrainingError, match="got no gradient"):
         check_every_parameter_has_grad(model)

@@ -10,8 +10,10 @@ import torchvision
 from torch import nn
 
 from conftest import random_batch, tiny_model
-from distseq.config import BackboneConfig, ConfigError, Norm
-from distseq.model import build_backbone
+from distseq.config import BackboneConfig, Norm
+from distseq.errors import ConfigError
+from distseq.model.backbone import build_backbone
+from distseq.model.head import Carry
 
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "convnext_tiny", "efficientnet_b0"])
@@ -31,12 +33,12 @@ def test_local_weights_are_loaded_and_nothing_is_fetched(tmp_path: Path) -> None
     reference = torchvision.models.resnet18()
     path = tmp_path / "resnet18.pth"
     torch.save(reference.state_dict(), path)
-    encoder = build_backbone(
+    cnn, dim = build_backbone(
         BackboneConfig(name="resnet18", weights=str(path), norm=Norm.frozen_bn)
     )
-    assert torch.equal(encoder.cnn.conv1.weight, reference.conv1.weight)
+    assert dim == 512 and torch.equal(cnn.conv1.weight, reference.conv1.weight)
     # frozen BN carries the file's statistics
-    assert torch.equal(encoder.cnn.bn1.running_var, reference.bn1.running_var)
+    assert torch.equal(cnn.bn1.running_var, reference.bn1.running_var)
 
 
 def test_weights_for_another_architecture_are_refused(tmp_path: Path) -> None:
@@ -76,8 +78,6 @@ def test_padding_does_not_leak_into_real_frames(bidirectional: bool) -> None:
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_carried_state_continues_the_sequence_and_stops_the_gradient(kind: str) -> None:
-    from distseq.model import Carry
-
     torch.manual_seed(0)
     head = tiny_model(kind=kind, layers=2).head
     feats = torch.randn(2, 12, head.rnn.input_size, requires_grad=True)  # type: ignore[union-attr]

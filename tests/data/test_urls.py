@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from distseq.config import DataConfig
-from distseq.data import DataError, train_batches
+from distseq.data.train_stream import train_batches
+from distseq.errors import DataError
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
@@ -70,7 +71,7 @@ def _cfg(train: str, manifest: str = "", num_workers: int = 0) -> DataConfig:
         train=train,
         manifest=manifest,
         size=32,
-        frames=8,
+        window=8,
         batch_size=2,
         num_workers=num_workers,
         shuffle_buffer=4,

@@ -25,9 +25,11 @@ from torchvision.io import write_png
 from torchvision.transforms.v2.functional import center_crop, resize
 
 from conftest import REPO
-from distseq.config import ConfigError, DataConfig
-from distseq.data import DataError, load_manifest, val_batches
-from distseq.shard import Summary, add_parser, parse_options, shard_inputs
+from distseq.config import DataConfig
+from distseq.data.format import load_manifest
+from distseq.data.val_stream import val_batches
+from distseq.errors import ConfigError, DataError
+from distseq.shard.command import Summary, add_parser, parse_options, shard_inputs
 
 # torchvision 0.29 deprecates its JPEG codecs (in favour of TorchCodec) on every call.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
@@ -177,7 +179,7 @@ def test_train_a_few_steps_on_real_shards(real: Real, tmp_path: Path) -> None:
 data:
   train: {real.out}/train-000000.tar
   val: {real.out}/val-000000.tar
-  frames: 16
+  window: 16
   size: {SIZE}
   batch_size: 1
   num_workers: 0
@@ -291,7 +293,8 @@ def test_killed_run_leaves_no_partial_shard_and_resumes(tmp_path: Path) -> None:
     argv = [videos, "--labels", labels, "--out", out, "--size", 16, "--fps", 5]
     argv += ["--val-fraction", 0, "--workers", 0]
     script = (
-        "import argparse, sys; from distseq import shard; p = argparse.ArgumentParser(); "
+        "import argparse, sys; from distseq.shard import command as shard; "
+        "p = argparse.ArgumentParser(); "
         "shard.add_parser(p.add_subparsers()); shard.run(p.parse_args(sys.argv[1:]))"
     )
     proc = subprocess.Popen(

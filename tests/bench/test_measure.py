@@ -1,19 +1,15 @@
-"""Tests for distseq.measure: exact saved bytes, exact CPU peak, real FSDP2 collectives."""
+"""distseq.bench.measure: exact saved bytes and exact CPU peak (collectives: tests/integration)."""
 
 from __future__ import annotations
 
 import gc
-import json
-import textwrap
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import launch_torchrun
-from distseq.measure import SavedTensorBytes, peak_memory
+from distseq.bench.measure import SavedTensorBytes, peak_memory
 
 CPU = torch.device("cpu")
 MiB = 1 << 20
@@ -171,96 +167,3 @@ def test_cuda_peak_is_exact() -> None:
         del a, b
 
     assert peak_memory(fn, cuda) == 12 * MiB
-
-
-# --- CollectiveCounter in a real 2-process gloo run ------------------------------------------
-
-_SCRIPT = """
-import json
-import os
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-from torch.nn.parallel import DistributedDataParallel
-
-from distseq.measure import CollectiveCounter
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
-group_bytes = [sum(p.nbytes for p in model[i].parameters()) for i in (0, 2)]
-fully_shard(model[0])
-fully_shard(model[2])
-fully_shard(model)  # the root holds no parameters of its own: no collectives for it
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-x = torch.randn(3, 8)
-
-with CollectiveCounter() as fwd:
-    loss = model(x).sum()
-with CollectiveCounter() as bwd:
-    loss.backward()
-with CollectiveCounter() as step:
-    opt.step()  # on the sharded DTensor parameters: local, no traffic
-
-with CollectiveCounter() as ar:
-    a = torch.arange(6, dtype=torch.float64)
-    dist.all_reduce(a)
-    b = torch.ones(5)
-    dist.all_reduce(b)
-ok = torch.equal(a, 2 * torch.arange(6, dtype=torch.float64)) and torch.equal(b, 2 * torch.ones(5))
-
-mesh = init_device_mesh("cpu", (2,))
-dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
-with CollectiveCounter() as dtensor:
-    full = dt.redistribute(mesh, [Replicate()]).to_local()
-ok = ok and torch.equal(full, torch.arange(8.0))
-
-ddp = DistributedDataParallel(nn.Linear(8, 4))
-with CollectiveCounter() as ddp_bwd:
-    ddp(x).sum().backward()
-
-res = {"group_bytes": group_bytes, "values_ok": ok}
-counters = {"fwd": fwd, "bwd": bwd, "step": step, "ar": ar, "dtensor": dtensor, "ddp": ddp_bwd}
-for name, c in counters.items():
-    res[name] = {"counts": dict(c.counts), "bytes": dict(c.bytes), "log": c.log}
-with open(f"result{rank}.json", "w") as f:  # a file each: prints of two ranks interleave
-    json.dump(res, f)
-dist.barrier()
-dist.destroy_process_group()
-# A process that used DDP on gloo sometimes aborts in C++ teardown at interpreter exit
-# ("terminate called without an active exception", no Python frame); all is done, so skip it.
-os._exit(0)
-"""
-
-
-def test_collective_counter_sees_fsdp2_and_explicit_collectives(tmp_path: Path) -> None:
-    script = tmp_path / "collectives.py"
-    script.write_text(textwrap.dedent(_SCRIPT))
-    # standalone: a free port, so runs never collide
-    proc = launch_torchrun(script, 2, tmp_path, launcher_args=["--standalone"], timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in (0, 1)]
-
-    for res in results:
-        g0, g2 = res["group_bytes"]
-        assert (g0, g2) == ((8 * 8 + 8) * 4, (8 * 4 + 4) * 4)
-        # Forward: one all-gather per FSDP group with parameters, each its full parameter bytes.
-        assert res["fwd"]["counts"] == {"all_gather": 2}
-        assert res["fwd"]["log"] == [["all_gather", g0], ["all_gather", g2]]
-        # Backward: both groups were resharded after forward, so each is gathered again, and
-        # each group's gradients are reduce-scattered once.
-        assert res["bwd"]["counts"] == {"all_gather": 2, "reduce_scatter": 2}
-        assert res["bwd"]["bytes"] == {"all_gather": g0 + g2, "reduce_scatter": g0 + g2}
-        assert res["step"]["counts"] == {}
-        # Explicit all-reduces: exact message bytes, and the values were really reduced.
-        assert res["ar"]["counts"] == {"all_reduce": 2}
-        assert res["ar"]["bytes"] == {"all_reduce": 6 * 8 + 5 * 4}
-        assert res["values_ok"]  # the collectives really ran
-        # DTensor's own collectives (here a functional all-gather) are seen too.
-        assert res["dtensor"]["log"] == [["all_gather", 8 * 4]]
-        # DDP's C++ reducer: one bucket with the Linear's weight and bias gradients.
-        assert res["ddp"]["log"] == [["all_reduce", g2]]

@@ -1,0 +1,69 @@
+"""Checkpoints in one process: crash windows of a save, and files of another format refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from distseq.checkpoint.export import load_exported
+from distseq.checkpoint.sharded import (
+    FORMAT,
+    Position,
+    TrainState,
+    latest_checkpoint,
+    read_meta,
+    save_checkpoint,
+)
+from distseq.cli import main
+from distseq.config import Config, OptimConfig
+from distseq.errors import TrainingError
+from distseq.train.optim import build_optimizer
+
+
+def _state() -> TrainState:
+    model = torch.nn.Linear(2, 2)
+    optimizer, schedule = build_optimizer(model, OptimConfig(), total_steps=10)
+    return TrainState(model, optimizer, schedule, Config(), ["a", "b"])
+
+
+def test_every_crash_window_of_a_save_leaves_latest_complete(tmp_path: Path) -> None:
+    state = _state()
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        save_checkpoint(root, state, Position(step=step), {}, keep_last=2)
+    # Killed while writing step 3; killed at step 4 between the rename and the pointer update.
+    (root / "step_00000003.tmp").mkdir()
+    shutil.copytree(root / "step_00000002", root / "step_00000004")
+    (root / "latest.tmp").write_text("step_00000004\n")
+    assert latest_checkpoint(root) == root / "step_00000002"
+    # Resumed from step 2, the run saves step 3; step 4 is from the run it replaced.
+    save_checkpoint(root, state, Position(step=3), {}, keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000002", "step_00000003"]
+    assert latest_checkpoint(root) == root / "step_00000003"
+
+
+def test_a_checkpoint_of_another_format_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = save_checkpoint(tmp_path / "checkpoints", _state(), Position(step=1), {}, keep_last=1)
+    assert read_meta(path)["format"] == FORMAT
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "format": 2}))
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "model.pt")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"checkpoint {path} is unreadable: format 2, this distseq reads format {FORMAT}" in err
+    assert not (tmp_path / "model.pt").exists()
+
+
+@pytest.mark.parametrize("blob", [{"model": {}, "config": {}, "classes": []}, [1, 2]])
+def test_an_exported_file_of_another_format_is_one_line(blob: object, tmp_path: Path) -> None:
+    # Exports before format 3 carried no format and the memory wrapper's keys.
+    path = tmp_path / "old.pt"
+    torch.save(blob, path)
+    with pytest.raises(TrainingError, match=rf"exported model {path} has format \w+, this distseq"):
+        load_exported(path)

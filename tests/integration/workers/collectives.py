@@ -1,0 +1,50 @@
+"""One rank counting the collectives of one training step, at T/k = 1 and 8, with the model
+sharded as distseq shards it and, for contrast, with each ResNet stage a unit of its own."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.distributed.fsdp import fully_shard
+
+from conftest import random_batch, report, tiny_model
+from distseq.bench.measure import CollectiveCounter
+from distseq.config import ParallelConfig
+from distseq.parallel import DistInfo, init_distributed, parallelize
+from distseq.train.step import clip_grad_norm, train_step
+
+T = 16
+
+
+def one_step(info: DistInfo, chunk: int, per_stage: bool = False) -> dict[str, object]:
+    batch = random_batch(1, T, seed=info.rank)
+    model = tiny_model("torch", chunk=chunk)
+    if per_stage:  # the wrapping docs/design.md warns about: units inside the chunk loop
+        for stage in ("layer1", "layer2", "layer3", "layer4"):
+            fully_shard(model.backbone.get_submodule(stage))
+    sharded = parallelize(model, ParallelConfig(), info)
+    opt = torch.optim.AdamW(sharded.parameters())
+    with CollectiveCounter() as counter:
+        train_step(sharded, opt, [batch], info.world)
+        clip_grad_norm(sharded, 1.0)
+        opt.step()
+    return {"counts": counter.counts, "bytes": counter.bytes}
+
+
+def main() -> None:
+    info = init_distributed()
+    report(
+        {
+            "k=T": one_step(info, T),
+            "k=T/8": one_step(info, T // 8),
+            "per_stage k=T": one_step(info, T, per_stage=True),
+            "per_stage k=T/8": one_step(info, T // 8, per_stage=True),
+        }
+    )
+    torch.distributed.destroy_process_group()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

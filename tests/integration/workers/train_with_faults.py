@@ -1,0 +1,99 @@
+"""One rank of ``distseq train`` with a fault injected by patching; distseq has no test hooks.
+
+argv: mode, config, overrides... Modes: ``plain``; ``record`` (keep the final model's logits on a
+fixed batch, to check the export against); ``record_load`` (keep the full state right after a
+checkpoint is loaded, to compare with the saved one); ``kill_in_save`` (rank 0 dies after writing
+its shards, before DCP's metadata); ``kill_rank1_once`` (rank 1 dies in its third step, once);
+``term_rank1`` (rank 1 alone gets SIGTERM during step 3).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint.filesystem as dcp_fs
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+import distseq.train.loop
+from conftest import random_batch
+from distseq.config import load_config
+from distseq.train.signals import StopSignals
+
+mode, config, *overrides = sys.argv[1:]
+cfg = load_config(config, overrides)
+rank = int(os.environ["RANK"])
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def term() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def on_call(n: int, action: Any, original: Any) -> Any:
+    """``original`` that runs ``action()`` before its ``n``-th call."""
+    calls = []
+
+    def wrapped(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == n:
+            action()
+        return original(*args)
+
+    return wrapped
+
+
+if mode == "record":
+    save = distseq.train.loop.save_checkpoint
+
+    def save_and_predict(root: Path, state: Any, position: Any, *args: Any) -> Path:
+        path = save(root, state, position, *args)
+        if position.step == cfg.train.steps:
+            batch = random_batch(2, 8)
+            with torch.no_grad():
+                logits = state.model.eval()(batch.frames, batch.mask)
+            state.model.train()
+            if rank == 0:
+                torch.save(logits, root.parent / "logits.pt")
+        return path
+
+    distseq.train.loop.save_checkpoint = save_and_predict  # type: ignore[assignment]
+
+elif mode == "record_load":
+    load = distseq.train.loop.load_checkpoint
+
+    def load_and_keep(path: Path, state: Any) -> Any:
+        resumed = load(path, state)
+        options = StateDictOptions(full_state_dict=True)
+        model, optim = get_state_dict(state.model, state.optimizer, options=options)
+        loaded = {"model": model, "optim": optim, "schedule": state.schedule.state_dict()}
+        torch.save(loaded, Path(cfg.train.out_dir) / f"loaded_{rank}.pt")
+        return resumed
+
+    distseq.train.loop.load_checkpoint = load_and_keep
+
+elif mode == "kill_in_save":
+    finish = dcp_fs.FileSystemWriter.finish
+
+    def finish_or_die(self: Any, **kwargs: Any) -> Any:
+        if Path(self.path).name == f"step_{cfg.train.steps:08d}.tmp":
+            die()
+        return finish(self, **kwargs)
+
+    dcp_fs.FileSystemWriter.finish = finish_or_die  # type: ignore[method-assign, assignment]
+
+elif mode == "kill_rank1_once" and rank == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    # in its third step, after the checkpoint of step 2; the restarted group must resume there
+    distseq.train.loop.train_step = on_call(3, die, distseq.train.loop.train_step)
+
+elif mode == "term_rank1" and rank == 1:
+    distseq.train.loop.train_step = on_call(3, term, distseq.train.loop.train_step)
+
+distseq.train.loop.train(cfg, stop=StopSignals())

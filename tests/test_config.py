@@ -1,0 +1,72 @@
+"""The config schema: every check at load time, old key names, empty values, the run's YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distseq.config import Config, load_config, to_yaml
+from distseq.errors import ConfigError
+
+
+def test_a_resolved_config_reads_back_as_the_same_config(tmp_path: Path) -> None:
+    cfg = load_config(None, ["data.train=s/x.tar", "data.on_error=skip", "memory.recompute=none"])
+    text = to_yaml(cfg)
+    # Values as a user types them, never an enum's Python name.
+    assert "on_error: skip" in text and "recompute: none" in text and "norm: groupnorm" in text
+    assert "on_error: raise" in to_yaml(Config())
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    assert load_config(path) == cfg
+    path.write_text(to_yaml(Config()))
+    assert load_config(path) == Config()
+
+
+def test_an_empty_value_is_the_empty_string(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {train: s/x.tar, val: s/v.tar}\n")
+    assert load_config(path, ["data.val="]).data.val == ""
+    with pytest.raises(ConfigError, match=r"data\.window"):  # not a string: still an error
+        load_config(path, ["data.window="])
+
+
+def test_renamed_keys_are_read_with_a_notice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text("data: {frames: 12}\nmemory: {backend: fairscale}\n")
+    cfg = load_config(path)
+    assert cfg.data.window == 12 and cfg.memory.recompute.value == "fairscale"
+    err = capsys.readouterr().err
+    assert "config key data.frames is now data.window" in err
+    assert "config key memory.backend is now memory.recompute" in err
+    assert load_config(None, ["data.frames=7"]).data.window == 7
+    # A newer override wins over an old name in the file, as over any value there.
+    assert load_config(path, ["data.window=5"]).data.window == 5
+    path.write_text("data: {frames: 12, window: 8}\n")
+    with pytest.raises(ConfigError, match=r"data\.frames and data\.window are one key"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["memory.tbptt_frames=64", "model.head.bidirectional=true"], "memory.tbptt_frames"),
+        (["data.ordered=true", "model.head.bidirectional=true"], "data.ordered"),
+        (["parallel.precision=bf16", "parallel.mode=ddp"], "parallel.precision"),
+        (["data.train=pipe:cat shards/x.tar"], "data.manifest"),
+        (["data.train=http://host/x.tar"], "data.manifest"),
+        (["data.on_error=ignore"], "data.on_error"),
+        (["data.length_buckets=2", "data.ordered=true"], "data.length_buckets"),
+    ],
+)
+def test_cross_key_checks_fail_at_load_time(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"config key {key}=") as e:
+        load_config(None, overrides)
+    assert "\n" not in str(e.value)
+
+
+def test_remote_shards_with_a_manifest_are_fine() -> None:
+    cfg = load_config(None, ["data.train=pipe:cat x.tar", "data.manifest=index.json"])
+    assert cfg.data.manifest == "index.json"
