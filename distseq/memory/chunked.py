@@ -55,11 +55,13 @@ def batchnorms(module: nn.Module) -> list[_BatchNorm]:
 def _fairscale_bn_hooks(backbone: nn.Module) -> None:
     """Keep BatchNorm statistics exact under fairscale's recompute.
 
-    fairscale's own BN patch (``checkpoint_wrapper`` applies it) defers each chunk's stats update
-    to its recompute, which runs in reverse chunk order, so running stats come out wrong with
-    more than one chunk. These hooks update stats in the first (forward-order) pass and freeze
-    them during recompute, as the torch recompute does. They sit on the BN layers because
-    fairscale recomputes by calling the checkpointed function directly, past any module's hooks.
+    Without these hooks the recompute would update the statistics a second time. fairscale's own
+    remedy, the BN patch that ``checkpoint_wrapper`` applies (distseq calls its checkpoint
+    function without the wrapper), defers each chunk's update to its recompute, which runs in
+    reverse chunk order, so the statistics come out wrong with more than one chunk. These hooks
+    update them in the first (forward-order) pass and freeze them during the recompute, as the
+    torch recompute does. They sit on the BN layers because fairscale recomputes by calling the
+    checkpointed function directly, past any module's own hooks.
     """
     from fairscale.nn.checkpoint.checkpoint_activations import is_recomputing
 
