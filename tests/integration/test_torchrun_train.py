@@ -15,11 +15,15 @@ from distseq.checkpoint.export import load_exported
 from distseq.config import load_config
 from distseq.data.format import load_manifest
 from distseq.data.val_stream import val_batches
+from streams import write_stream_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
 
-def test_torchrun_fsdp_training_run(tmp_path: Path, shards: Path) -> None:
+def test_torchrun_fsdp_training_run(tmp_path: Path) -> None:
+    # Videos of 9 to 14 frames: even a model that predicts one class everywhere, as a barely
+    # trained one does, scores a different share of frames on each (see the end).
+    shards = write_stream_shards(tmp_path / "data")
     proc = distseq("train", str(tiny_config(tmp_path, shards)), cwd=tmp_path, torchrun=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [
@@ -49,12 +53,22 @@ def test_torchrun_fsdp_training_run(tmp_path: Path, shards: Path) -> None:
     model, _, _ = load_exported(tmp_path / "model.pt")
     cfg = load_config(tmp_path / "run" / "config.yaml")
     manifest = load_manifest(cfg.data)
-    correct = total = 0
-    with torch.no_grad():
-        for batch in val_batches(cfg.data, manifest):
-            pred = model(batch.frames, batch.mask).argmax(-1)
-            correct += int((pred[batch.mask] == batch.labels[batch.mask]).sum())
-            total += int(batch.mask.sum())
+
+    def accuracy(rank: int, world: int) -> tuple[int, int]:
+        correct = total = 0
+        with torch.no_grad():
+            for batch in val_batches(cfg.data, manifest, rank, world):
+                pred = model(batch.frames, batch.mask).argmax(-1)
+                correct += int((pred[batch.mask] == batch.labels[batch.mask]).sum())
+                total += int(batch.mask.sum())
+        return correct, total
+
+    correct, total = accuracy(0, 1)
     assert total == sum(s.frames for s in manifest.shards.values() if s.split == "val")
     logged = [r["val_accuracy"] for r in records if "val_accuracy" in r]
     assert logged == [pytest.approx(correct / total, abs=1e-12)]
+    # Neither rank's share alone gives that number, so the check above sees a rank that counts
+    # only its own frames.
+    for rank in (0, 1):
+        share = accuracy(rank, 2)
+        assert share[0] / share[1] != pytest.approx(correct / total), (rank, share)

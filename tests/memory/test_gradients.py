@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from conftest import random_batch, tiny_model
 from distseq.config import MemoryConfig
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
+from distseq.memory import chunked
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.video import VideoModel
 from distseq.train.step import check_every_parameter_has_grad
@@ -46,19 +49,28 @@ def test_chunked_checkpoint_matches_plain_unchunked(recompute: str) -> None:
 
 
 @pytest.mark.parametrize("recompute", ["torch", "fairscale"])
-def test_a_chunk_of_padding_alone_costs_nothing(recompute: str) -> None:
+def test_a_chunk_of_padding_alone_costs_nothing(
+    recompute: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # T=24 in chunks of 4, real lengths 10 and 8: chunks 3 to 5 hold no real frame. fairscale's
     # checkpoint raised in backward on such a chunk ("None of the outputs have requires_grad").
     batch = random_batch(2, 24, lengths=[10, 8])
     ref, ref_loss = step(tiny_model("none", chunk=1000), batch)
     model = tiny_model(recompute, chunk=4)
-    calls = []
+    calls, checkpoints = [], []
     model.backbone.register_forward_hook(lambda module, args, out: calls.append(len(out)))
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        checkpoints.append(1)
+        return checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(chunked, "checkpoint", counted)
     got, loss = step(model, batch)
     assert max_rel_error(got, ref) < TOL and abs(loss - ref_loss) < 1e-6
     # Frames per backbone call: the 3 chunks with real frames (2 rows x 4, 2 x 4, then row 0
     # alone), each run forward and recomputed once in reverse; none for a chunk of padding.
     assert calls == [8, 8, 2, 2, 8, 8]
+    assert len(checkpoints) == (3 if recompute == "torch" else 0)  # torch's, for real chunks only
 
 
 @pytest.mark.parametrize("recompute", ["torch", "fairscale"])
