@@ -260,7 +260,7 @@ class Config:
         )
 
 
-def _rename_old_keys(conf: DictConfig, where: str) -> None:
+def _rename_old_keys(conf: DictConfig, where: str, quiet: bool) -> None:
     """Move keys of :data:`RENAMED` to their new names in place, with a notice on stderr."""
     for old, new in RENAMED.items():
         section, _, leaf = old.rpartition(".")
@@ -271,7 +271,8 @@ def _rename_old_keys(conf: DictConfig, where: str) -> None:
             raise ConfigError(f"{where}: config keys {old} and {new} are one key: give only {new}")
         value = parent.pop(leaf)
         OmegaConf.update(conf, new, value, force_add=True)
-        print(f"distseq: {where}: config key {old} is now {new}", file=sys.stderr, flush=True)
+        if not quiet:
+            print(f"distseq: {where}: config key {old} is now {new}", file=sys.stderr, flush=True)
 
 
 def _dotlist(overrides: list[str]) -> list[str]:
@@ -293,8 +294,15 @@ def _structured(conf: DictConfig) -> Config:
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:  # type: ignore[assignment]
-    """Merge the schema defaults, a YAML file and ``key=value`` overrides, then validate."""
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] = (),  # type: ignore[assignment]
+    quiet: bool = False,
+) -> Config:
+    """Merge the schema defaults, a YAML file and ``key=value`` overrides, then validate.
+
+    ``quiet``: no notices (renamed keys), as on every rank but the first; errors still raise.
+    """
     conf = OmegaConf.create()
     if path is not None:
         path = Path(path)
@@ -306,13 +314,13 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:  
             raise ConfigError(f"config file {path}: {first_line(e)}") from None
         if not isinstance(loaded, DictConfig):
             raise ConfigError(f"config file {path}: expected a mapping of keys")
-        _rename_old_keys(loaded, str(path))
+        _rename_old_keys(loaded, str(path), quiet)
         conf = loaded
     try:
         given = OmegaConf.from_dotlist(_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         raise ConfigError(f"overrides: {first_line(getattr(e, 'msg', e))}") from None
-    _rename_old_keys(given, "overrides")
+    _rename_old_keys(given, "overrides", quiet)
     return _structured(OmegaConf.merge(conf, given))  # type: ignore[arg-type]
 
 

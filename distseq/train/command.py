@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from distseq.config import load_config
 from distseq.train.loop import train
@@ -18,4 +19,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> None:
     # SIGTERM (scancel, preemption, torchrun shutting its workers down) saves before exiting.
-    train(load_config(args.config, args.overrides), stop=StopSignals())
+    stop = StopSignals()
+    # Under torchrun every rank loads the config; the first alone tells of renamed keys.
+    quiet = os.environ.get("RANK", "0") != "0"
+    train(load_config(args.config, args.overrides, quiet=quiet), stop=stop)

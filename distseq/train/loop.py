@@ -35,6 +35,8 @@ from distseq.model.video import build_model
 from distseq.parallel import (
     DistInfo,
     all_reduce_sum,
+    any_rank,
+    average_batchnorm_stats,
     close_distributed,
     init_distributed,
     parallelize,
@@ -81,8 +83,8 @@ def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, floa
         close_distributed()
 
 
-def _any_rank(flag: bool, device: torch.device) -> bool:
-    return bool(all_reduce_sum(torch.tensor([float(flag)], device=device)).item() > 0)
+def _silent(text: str) -> None:
+    pass
 
 
 def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict[str, float]:
@@ -139,6 +141,9 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
         dynamic_ncols=True,
         mininterval=0.5 if sys.stderr.isatty() else 30.0,
     ) as bar:
+        # tqdm's write prints even where the bar is disabled: only rank 0 speaks; the others
+        # print only errors, which name their rank (cli.py).
+        say = bar.write if info.is_main else _silent
         for step in range(first, last_step + 1):
             batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
             start = time.perf_counter()
@@ -148,6 +153,7 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
             grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            average_batchnorm_stats(model)
             lr = float(schedule.get_last_lr()[0])
             schedule.step()
             seconds = time.perf_counter() - start
@@ -163,7 +169,7 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
                 count = torch.tensor([float(len(skipped))], device=info.device)
                 metrics["skipped_samples"] = int(all_reduce_sum(count).item())  # all ranks, legs
                 log.write(metrics)
-                bar.write(
+                say(
                     f"step {step}: loss {loss:.4f}  lr {lr:.2e}  grad_norm {grad_norm:.3f}  "
                     f"{metrics['frames_per_s']:.0f} frames/s"
                 )
@@ -173,10 +179,10 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
                 val = val_batches(cfg.data, manifest, info.rank, info.world)
                 metrics["val_accuracy"] = evaluate(model, val, info.device)
                 log.write({"step": step, "val_accuracy": metrics["val_accuracy"]})
-                bar.write(f"step {step}: val per-frame accuracy {metrics['val_accuracy']:.3f}")
+                say(f"step {step}: val per-frame accuracy {metrics['val_accuracy']:.3f}")
             # One tiny all-reduce per step: a signal reaches the ranks at different moments, and
             # a save that only some ranks join would hang the others.
-            stopping = stop is not None and _any_rank(stop(), info.device)
+            stopping = stop is not None and any_rank(stop())
             save = cfg.train.save_every and step % cfg.train.save_every == 0
             if step == last_step or stopping or save:
                 rank_state = _rank_state(skipped, carries)

@@ -113,6 +113,26 @@ def test_stopped_run_resumes_bit_identical(reference: Path, tmp_path: Path) -> N
     assert names == ["latest", "step_00000003", "step_00000004"]
 
 
+def test_batchnorm_statistics_are_one_across_ranks_and_resume_exactly(
+    reference: Path, tmp_path: Path
+) -> None:
+    # Each rank's BatchNorm statistics follow its own frames; FSDP2 does not sync buffers.
+    bn = ["model.backbone.norm=batchnorm"]
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    succeeded(launch(reference, straight, 2, "record_bn", *bn))
+    for step in (2, 4):
+        ranks = [torch.load(straight / f"bn_{r}_{step}.pt", weights_only=True) for r in (0, 1)]
+        assert len(ranks[0]) == 2 * 20  # resnet18's 20 BatchNorm layers, mean and variance
+        assert_identical(ranks[0], ranks[1])
+        assert not torch.equal(ranks[0]["backbone.bn1.running_var"], torch.ones(64))  # trained
+    run = tmp_path / "run"
+    run.mkdir()
+    succeeded(launch(reference, run, 2, "plain", *bn, "train.stop_after=3"))
+    succeeded(launch(reference, run, 2, "plain", *bn))
+    assert_same_run(run, straight)
+
+
 def test_a_signal_to_one_rank_stops_all_with_a_checkpoint(reference: Path, tmp_path: Path) -> None:
     stopped = launch(reference, tmp_path, 2, "term_rank1")
     assert stopped.returncode != 0

@@ -24,8 +24,14 @@ def test_torchrun_fsdp_training_run(tmp_path: Path) -> None:
     # Videos of 9 to 14 frames: even a model that predicts one class everywhere, as a barely
     # trained one does, scores a different share of frames on each (see the end).
     shards = write_stream_shards(tmp_path / "data")
-    proc = distseq("train", str(tiny_config(tmp_path, shards)), cwd=tmp_path, torchrun=2)
+    config = str(tiny_config(tmp_path, shards))
+    proc = distseq("train", config, "data.frames=8", cwd=tmp_path, torchrun=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # Rank 0 alone prints: each metrics line and notice once, not once per rank.
+    for step in (1, 2, 3):
+        assert proc.stdout.count(f"step {step}: loss ") == 1, proc.stdout
+    assert proc.stdout.count("val per-frame accuracy") == 1
+    assert proc.stderr.count("config key data.frames is now data.window") == 1
     records = [
         json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
     ]

@@ -2,7 +2,8 @@
 
 argv: mode, config, overrides... Modes: ``plain``; ``record`` (keep the final model's logits on a
 fixed batch, to check the export against); ``record_load`` (keep the full state right after a
-checkpoint is loaded, to compare with the saved one); ``kill_in_save`` (rank 0 dies after writing
+checkpoint is loaded, to compare with the saved one); ``record_bn`` (keep each rank's BatchNorm
+statistics at every save); ``kill_in_save`` (rank 0 dies after writing
 its shards, before DCP's metadata); ``kill_rank1_once`` (rank 1 dies in its third step, once);
 ``term_rank1`` (rank 1 alone gets SIGTERM during step 3).
 """
@@ -78,6 +79,17 @@ elif mode == "record_load":
         return resumed
 
     distseq.train.loop.load_checkpoint = load_and_keep
+
+elif mode == "record_bn":
+    save_bn = distseq.train.loop.save_checkpoint
+
+    def save_and_keep_bn(root: Path, state: Any, position: Any, *args: Any) -> Path:
+        path = save_bn(root, state, position, *args)
+        stats = {n: b.clone() for n, b in state.model.named_buffers() if ".running_" in n}
+        torch.save(stats, root.parent / f"bn_{rank}_{position.step}.pt")
+        return path
+
+    distseq.train.loop.save_checkpoint = save_and_keep_bn  # type: ignore[assignment]
 
 elif mode == "kill_in_save":
     finish = dcp_fs.FileSystemWriter.finish
