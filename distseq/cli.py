@@ -12,17 +12,18 @@ import sys
 from collections.abc import Sequence
 
 from distseq.errors import ConfigError, DataError, TrainingError
+from distseq.launch.agent import exit_with_agent
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    from distseq import slurm
     from distseq.bench import data as bench_data
     from distseq.bench import memory as bench_memory
     from distseq.checkpoint import export
     from distseq.demo import run as demo
+    from distseq.launch import slurm
     from distseq.shard import command as shard
     from distseq.train import command as train
 
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_with_agent()  # first: the imports below take seconds, and the agent may die meanwhile
     args = _parser().parse_args(argv)
     rank = os.environ.get("RANK")
     prefix = "distseq: error: " if rank is None else f"distseq: error (rank {rank}): "

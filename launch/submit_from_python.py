@@ -5,7 +5,7 @@ python launch/submit_from_python.py configs/cholec-resnet50-lstm.yaml data.train
 
 import sys
 
-from distseq.slurm import SlurmOptions, submit
+from distseq.launch.slurm import SlurmOptions, submit
 
 if __name__ == "__main__":
     config, *overrides = sys.argv[1:]

@@ -23,6 +23,7 @@ on a filesystem that all of them share.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -31,7 +32,7 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,12 +46,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+from torch.utils._pytree import tree_leaves
 
 from distseq.config import Config, to_dict
 from distseq.errors import TrainingError, first_line
 from distseq.files import write_atomic
 from distseq.model.head import RNNState
-from distseq.parallel import barrier, rank_world
+from distseq.parallel import any_rank, barrier, rank_world
 
 # 3: canonical state-dict keys (backbone.*, head.*), no memory wrapper in them; data.window.
 FORMAT = 3
@@ -164,7 +166,11 @@ def save_checkpoint(
     keep_last: int,
     rank_state: RankState | None = None,
 ) -> Path:
-    """Write this rank's part of the checkpoint at ``position``; every rank must call this."""
+    """Write this rank's part of the checkpoint at ``position``; every rank must call this.
+
+    A save that fails on any rank fails on all of them alike, with its partial ``step_N.tmp``
+    removed: it would otherwise hold the space that the relaunch needs for the same save.
+    """
     rank, world = rank_world()
     final = _step_dir(root, position.step)
     tmp = final.with_name(final.name + ".tmp")
@@ -172,18 +178,20 @@ def save_checkpoint(
         _remove_partial(root)
         tmp.mkdir(parents=True)
     barrier()
+    model_state, optim_state = get_state_dict(state.model, state.optimizer)
     mine = rank_state or RankState()
     carries = {w: _to_cpu(state) for w, state in mine.carries.items()}
     buffer = io.BytesIO()
     torch.save({"rng": _rng_state(), "skipped": mine.skipped, "carries": carries}, buffer)
-    write_atomic(tmp / f"rank{rank}.pt", buffer.getvalue())
-    model_state, optim_state = get_state_dict(state.model, state.optimizer)
-    try:
+    # Each write is followed by an agreement of all ranks, so that no rank goes on into a
+    # collective that a failed rank will never join. DCP's save agrees by itself.
+    error = _attempt(lambda: write_atomic(tmp / f"rank{rank}.pt", buffer.getvalue()))
+    if not any_rank(error is not None):
         with _single_process_is_fine():
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)  # fsyncs
-    except (Exception, CheckpointException) as e:  # DCP raises the same on every rank
-        raise TrainingError(f"checkpoint {tmp} could not be written: {_first_line(e)}") from None
-    if rank == 0:
+            error = _attempt(
+                lambda: dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
+            )
+    if error is None and rank == 0:
         meta = {
             "format": FORMAT,
             "position": vars(position),
@@ -193,13 +201,68 @@ def save_checkpoint(
             "config": to_dict(state.config),
             "metrics": metrics,
         }
-        write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))
-    barrier()  # every rank's shards and RNG file are complete
+        error = _attempt(lambda: write_atomic(tmp / "meta.json", json.dumps(meta, indent=1)))
+    if any_rank(error is not None):  # else every rank's shards and RNG file are complete
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier()
+        raise _save_failed(root, tmp, error, _bytes(model_state, optim_state), keep_last)
     if rank == 0:
         _publish(root, tmp, final)
         _prune(root, position.step, keep_last)
     barrier()  # on return, ``latest`` names this checkpoint for every rank
     return final
+
+
+def _attempt(write: Callable[[], object]) -> BaseException | None:
+    try:
+        write()
+    except (Exception, CheckpointException) as e:  # OSError, torch's writer, DCP's collected
+        return e
+    return None
+
+
+def _bytes(*states: dict[str, Any]) -> int:
+    """Bytes of the tensors in state dicts, whole (a DTensor counts at its global size)."""
+    leaves = [leaf for state in states for leaf in tree_leaves(state)]
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+def _save_failed(
+    root: Path, tmp: Path, error: BaseException | None, need: int, keep_last: int
+) -> TrainingError:
+    """The error of a failed save; a full device is said as such, with the numbers to fix it.
+
+    torch's writer reports a full device in its own words ("unexpected pos 704 vs 598"), so
+    the free space is what tells.
+    """
+    free = shutil.disk_usage(root).free
+    full = free < need or any(
+        isinstance(e, OSError) and e.errno == errno.ENOSPC for e in _chain(error)
+    )
+    if not full:
+        reason = "another rank failed" if error is None else _first_line(error)
+        return TrainingError(f"checkpoint {tmp} could not be written: {reason}")
+    latest = latest_checkpoint(root)
+    mib = 2**20
+    return TrainingError(
+        f"checkpoint {tmp.name} could not be written: the device of {root} is full "
+        f"({free / mib:.1f} MiB free; one checkpoint needs about {need / mib:.1f} MiB, and "
+        f"train.keep_last={keep_last} of them plus the one being written must fit, about "
+        f"{(keep_last + 1) * need / mib:.1f} MiB); the partial save is removed, and a relaunch "
+        f"with room or a smaller train.keep_last resumes from "
+        f"{latest.name if latest else 'the start'}"
+    )
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error``, its causes and contexts, and the per-rank errors DCP collected."""
+    while error is not None:
+        yield error
+        if isinstance(error, CheckpointException):
+            for failure in error.failures.values():
+                yield from _chain(failure[0] if isinstance(failure, tuple) else failure)
+        error = error.__cause__ or error.__context__
 
 
 def _remove_partial(root: Path) -> None:

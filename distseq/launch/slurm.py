@@ -119,7 +119,8 @@ class TrainTask:
 
     def __call__(self) -> dict[str, float]:
         stop = StopSignals()
-        cfg = load_config(self.config, self.overrides)
+        quiet = os.environ.get("SLURM_PROCID", "0") != "0"  # as under torchrun: rank 0 speaks
+        cfg = load_config(self.config, self.overrides, quiet=quiet)
         submitit.helpers.TorchDistributedEnvironment().export(
             set_cuda_visible_devices=torch.cuda.is_available()
         )

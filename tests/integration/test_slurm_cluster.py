@@ -268,7 +268,7 @@ def test_distseq_submit_trains_on_two_tasks(slurm: Path, tmp_path: Path, shards:
 def _submit_tiny(
     tmp_path: Path, shards: Path, folder: Path, tasks: int, *overrides: str
 ) -> tuple[SlurmJob, Path]:
-    from distseq.slurm import SlurmOptions, submit
+    from distseq.launch.slurm import SlurmOptions, submit
 
     config = tiny_config(tmp_path, shards)
     opts = SlurmOptions(tasks_per_node=tasks, partition="debug", time="00:05:00")
