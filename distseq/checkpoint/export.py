@@ -13,7 +13,7 @@ checkpoint directory is not (DCP unpickles its ``.metadata``).
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from distseq.checkpoint.sharded import (
     resolve_checkpoint,
     unreadable,
 )
-from distseq.config import Config, from_dict
+from distseq.config import Config, from_dict, to_dict
 from distseq.errors import TrainingError
 from distseq.model.video import VideoModel, build_model
 
@@ -38,25 +38,50 @@ def empty_model(cfg: Config, classes: list[str]) -> VideoModel:
     return build_model(model_cfg, len(classes))
 
 
-def export(source: Path, out: Path) -> Path:
+@dataclass(frozen=True)
+class Loaded:
+    """A trained model in eval mode, with what it was trained with."""
+
+    model: VideoModel
+    config: Config
+    classes: list[str]
+    step: int
+
+
+def load_checkpoint_model(source: Path) -> Loaded:
+    """The model of a sharded checkpoint, from a run directory, its checkpoints/, a latest file
+    or a step_N directory, in one process (DCP reads every rank's shards)."""
     path = resolve_checkpoint(source)
     meta = read_meta(path)
-    model = empty_model(from_dict(meta["config"], str(path)), meta["classes"])
+    cfg = from_dict(meta["config"], str(path))
+    model = empty_model(cfg, meta["classes"])
     load_sharded({"model": model.state_dict()}, path)  # into the model's own tensors
+    return Loaded(model.eval(), cfg, meta["classes"], meta["position"]["step"])
+
+
+def load_model(source: Path) -> Loaded:
+    """An exported file (safe to accept from others) or a checkpoint (unpickles DCP metadata)."""
+    if source.is_file() and source.name != "latest":
+        return load_exported(source)
+    return load_checkpoint_model(source)
+
+
+def export(source: Path, out: Path) -> Path:
+    loaded = load_checkpoint_model(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     blob = {
         "format": FORMAT,
-        "model": model.state_dict(),
-        "config": meta["config"],
-        "classes": meta["classes"],
-        "step": meta["position"]["step"],
+        "model": loaded.model.state_dict(),
+        "config": to_dict(loaded.config),
+        "classes": loaded.classes,
+        "step": loaded.step,
     }
     torch.save(blob, out)
     return out
 
 
-def load_exported(path: Path) -> tuple[VideoModel, Config, list[str]]:
-    """The exported model in eval mode, its config and its class names."""
+def load_exported(path: Path) -> Loaded:
+    """The model of an exported file; ``weights_only``: no code runs from the file."""
     try:
         blob: Any = torch.load(path, weights_only=True)
     except Exception as e:  # a missing, truncated or foreign file: any error torch.load raises
@@ -70,7 +95,7 @@ def load_exported(path: Path) -> tuple[VideoModel, Config, list[str]]:
     cfg = from_dict(blob["config"], str(path))
     model = empty_model(cfg, blob["classes"])
     model.load_state_dict(blob["model"], strict=True)
-    return model.eval(), cfg, blob["classes"]
+    return Loaded(model.eval(), cfg, blob["classes"], int(blob["step"]))
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

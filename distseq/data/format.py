@@ -26,7 +26,7 @@ from typing import Any
 
 from distseq.config import DataConfig
 from distseq.data.tar import expand, local_path
-from distseq.errors import DataError, first_line
+from distseq.errors import ConfigError, DataError, first_line
 from distseq.files import write_atomic
 
 FORMAT = 1
@@ -43,6 +43,7 @@ class ShardInfo:
 class Manifest:
     classes: list[str]
     shards: dict[str, ShardInfo]  # by shard file name (no directory)
+    fps: float | None = None  # of the stored frames; distseq shard writes it, synthetic data not
 
     @property
     def num_classes(self) -> int:
@@ -78,16 +79,26 @@ def parse_manifest(doc: Any, where: str) -> Manifest:
                 f"manifest {where}: shard {name!r} needs split train|val, samples and frames >= 0"
             )
         shards[name] = ShardInfo(info["split"], info["samples"], info["frames"])
-    return Manifest(classes=list(classes), shards=shards)
+    fps = doc.get("fps")
+    if fps is not None and not (isinstance(fps, int | float) and fps > 0):
+        raise DataError(f"manifest {where}: 'fps' must be a number > 0, not {fps!r}")
+    return Manifest(classes=list(classes), shards=shards, fps=None if fps is None else float(fps))
 
 
 def load_manifest(cfg: DataConfig) -> Manifest:
     """Read ``cfg.manifest``, or ``index.json`` in the directory of the first train shard."""
-    if cfg.manifest:
-        path = Path(cfg.manifest)
+    return find_manifest(cfg.train, cfg.manifest, "data.train")
+
+
+def find_manifest(urls: str, manifest: str, key: str) -> Manifest:
+    """Read ``manifest``, or, if empty, ``index.json`` beside the first of the shards ``urls``
+    (config key ``key``, named in errors)."""
+    if manifest:
+        path = Path(manifest)
     else:
-        first = local_path(expand(cfg.train, "data.train")[0])
-        assert first is not None, "DataConfig refuses remote shards without data.manifest"
+        first = local_path(expand(urls, key)[0])
+        if first is None:
+            raise ConfigError(f"config key {key}: remote shards ({urls}) need a manifest path")
         path = first.parent / "index.json"
     try:
         doc = json.loads(path.read_text())

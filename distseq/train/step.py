@@ -1,8 +1,6 @@
-"""One optimizer step's forward and backward, gradient checks and clipping, and validation."""
+"""One optimizer step's forward and backward, gradient checks and clipping."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -65,18 +63,3 @@ def train_step(
             (loss_sum * (world / real)).backward()
         total += loss_sum.detach().double()
     return float(all_reduce_sum(total) / real), int(real)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[Batch], device: torch.device) -> float:
-    """Per-frame accuracy over real frames of the whole validation split, all ranks together."""
-    model.eval()
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
-    for batch in batches:
-        batch = batch.to(device)
-        pred = model(batch.frames, batch.mask).argmax(-1)
-        counts[0] += (pred[batch.mask] == batch.labels[batch.mask]).sum()
-        counts[1] += batch.mask.sum()
-    model.train()
-    correct, total = all_reduce_sum(counts).tolist()
-    return correct / max(total, 1.0)

@@ -197,8 +197,8 @@ def test_export_predicts_as_the_trained_model(reference: Path, tmp_path: Path) -
     assert blob["step"] == STEPS and blob["classes"] == ["phase0", "phase1", "phase2"]
     assert blob["config"]["model"]["head"]["dropout"] == 0.3
     # Canonical keys: a model built plainly, with no memory policy, takes the file as it is.
-    _, cfg, classes = load_exported(out)
-    plain = build_model(cfg.model, len(classes))
+    loaded = load_exported(out)
+    plain = build_model(loaded.config.model, len(loaded.classes))
     plain.load_state_dict(blob["model"], strict=True)
     assert set(blob["model"]) == set(plain.state_dict())
     batch = random_batch(2, 8)

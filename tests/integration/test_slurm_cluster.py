@@ -351,7 +351,7 @@ def test_interrupted_job_saves_on_all_ranks_requeues_and_ends_as_uninterrupted(
             check=True,
             capture_output=True,
         )
-        models.append(load_exported(exported)[0].state_dict())
+        models.append(load_exported(exported).model.state_dict())
     assert models[0].keys() == models[1].keys()
     for name, value in models[0].items():
         assert torch.equal(value, models[1][name]), f"{name} differs from the uninterrupted run"

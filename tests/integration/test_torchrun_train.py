@@ -56,7 +56,7 @@ def test_torchrun_fsdp_training_run(tmp_path: Path) -> None:
 
     # The validation accuracy the 2 ranks logged is the one a single process computes with the
     # trained model over every real val frame, each counted once.
-    model, _, _ = load_exported(tmp_path / "model.pt")
+    model = load_exported(tmp_path / "model.pt").model
     cfg = load_config(tmp_path / "run" / "config.yaml")
     manifest = load_manifest(cfg.data)
 

@@ -1,0 +1,126 @@
+"""``distseq eval MODEL [--split val|SHARDS] [--relaxed-seconds S] [--json]``: the field's phase
+metrics (``metrics.py``) of a trained model on whole videos, one table, ``eval.json`` and one
+predictions CSV per video."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from distseq.checkpoint.export import Loaded, load_model
+from distseq.data.format import find_manifest
+from distseq.data.val_stream import val_batches
+from distseq.errors import ConfigError
+from distseq.evaluate.metrics import METRICS
+from distseq.evaluate.outputs import write_predictions
+from distseq.evaluate.validate import validate
+from distseq.files import write_atomic
+from distseq.parallel import DistInfo, close_distributed, init_distributed
+
+
+def evaluate(
+    loaded: Loaded,
+    split: str,
+    manifest_path: str,
+    relaxed_seconds: float,
+    fps: float | None,
+    out: Path,
+    info: DistInfo,
+) -> dict[str, object]:
+    """The report of ``loaded`` on the videos of ``split`` (``val``: the model's own validation
+    shards, else a shard pattern), written to ``out``; this rank's share, all ranks' report."""
+    cfg = loaded.config.data
+    urls = cfg.val if split == "val" else split
+    if not urls:
+        raise ConfigError("the model's config has no data.val: pass --split with the shards")
+    manifest_path = manifest_path or (cfg.manifest if split == "val" else "")
+    manifest = find_manifest(urls, manifest_path, "--split")
+    if manifest.classes != loaded.classes:
+        raise ConfigError(
+            f"--split {urls}: its classes {manifest.classes} are not the model's {loaded.classes}"
+        )
+    # A model trained on every Nth stored frame is judged on them, at that rate.
+    rate = fps or manifest.fps
+    rate = None if rate is None else rate / cfg.frame_stride
+    if relaxed_seconds and rate is None:
+        raise ConfigError(
+            "--relaxed-seconds needs the frame rate: index.json has no fps (distseq shard writes "
+            "it); pass --fps"
+        )
+    window = round(relaxed_seconds * rate) if rate and relaxed_seconds else 0
+    model = loaded.model.to(info.device)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def keep(key: str, probabilities: torch.Tensor) -> None:
+        write_predictions(out / f"{key}.csv", probabilities, loaded.classes, rate)
+
+    data = replace(cfg, val=urls, manifest=manifest_path)
+    batches = val_batches(data, manifest, info.rank, info.world)
+    report = validate(model, batches, info.device, loaded.classes, window, on_video=keep)
+    report = {"fps": rate, "relaxed_seconds": relaxed_seconds, "relaxed_frames": window, **report}
+    if info.is_main:
+        write_atomic(out / "eval.json", json.dumps(report, indent=1, allow_nan=True) + "\n")
+    return report
+
+
+def table(report: dict[str, object], classes: list[str]) -> str:
+    """The report as papers lay it out: mean ± std in percent, then per phase, then frame level."""
+
+    def pct(x: float) -> str:
+        return "   n/a" if math.isnan(x) else f"{100 * x:6.2f}"
+
+    relaxed = report["relaxed_seconds"]
+    lines = [
+        f"{report['videos']} videos, fps {report['fps']}, relaxed boundary "
+        + (f"{relaxed} s ({report['relaxed_frames']} frames)" if relaxed else "off"),
+        f"{'':12}{'mean':>8} {'std':>7}",
+    ]
+    for metric in METRICS:
+        value = report[metric]
+        mean, std = pct(value["mean"]), pct(value["std"]).strip()  # type: ignore[index]
+        lines.append(f"{metric:12}{mean:>8} ± {std:>5}")
+    lines.append(f"\n{'per phase':16}" + "".join(f"{m:>10}" for m in METRICS[1:]))
+    per_phase = report["per_phase"]
+    for name in classes:
+        row = per_phase[name]  # type: ignore[index]
+        lines.append(f"{name[:16]:16}" + "".join(f"{pct(row[m]):>10}" for m in METRICS[1:]))
+    frame = report["frame_level"]
+    lines.append(
+        "\nframe level (all frames concatenated, strict, macro over phases): "
+        + ", ".join(f"{m} {pct(frame[m]).strip()}" for m in METRICS)  # type: ignore[index]
+    )
+    return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("eval", help="phase metrics of a trained model on whole videos")
+    p.add_argument("model", help="run directory, checkpoint, or exported .pt (safe to share)")
+    p.add_argument("--split", default="val", help="val (the model's data.val) or a shard pattern")
+    p.add_argument("--manifest", default="", help="index.json of --split; default: beside it")
+    p.add_argument("--relaxed-seconds", type=float, default=0.0, help="Cholec80's is 10")
+    p.add_argument("--fps", type=float, default=None, help="stored frames/s; default: index.json")
+    p.add_argument("--out", default="", help="eval.json and CSVs; default: MODEL's folder / eval")
+    p.add_argument("--json", action="store_true", help="print eval.json instead of the table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.relaxed_seconds < 0:
+        raise ConfigError(f"--relaxed-seconds {args.relaxed_seconds}: must be >= 0")
+    source = Path(args.model)
+    loaded = load_model(source)
+    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent) / "eval"
+    info = init_distributed()  # under torchrun, the videos are split across the ranks
+    try:
+        report = evaluate(
+            loaded, args.split, args.manifest, args.relaxed_seconds, args.fps, out, info
+        )
+    finally:
+        close_distributed()
+    if info.is_main:
+        print(json.dumps(report, indent=1) if args.json else table(report, loaded.classes))

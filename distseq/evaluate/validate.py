@@ -1,0 +1,69 @@
+"""A model over a split's whole videos: per-frame probabilities, then the phase metrics.
+
+Each rank runs its share of the videos (``data.val_stream``); the counts of every video are
+gathered on every rank, each video once, so the report is that of the whole split whatever the
+number of ranks and the padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distseq.data.batch import Batch
+from distseq.evaluate.metrics import VideoCounts, count_video, summarize
+
+
+@torch.no_grad()
+def video_probabilities(
+    model: nn.Module, batches: Iterable[Batch], device: torch.device
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(key, probabilities [T, K] on the CPU, labels [T]) for each real video in ``batches``."""
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in batches:
+            batch = batch.to(device)
+            probs = model(batch.frames, batch.mask).float().softmax(-1).cpu()
+            for row, key in enumerate(batch.keys):
+                if key:  # "" is a padding row
+                    n = int(batch.mask[row].sum())
+                    yield key, probs[row, :n], batch.labels[row, :n].cpu()
+    finally:
+        model.train(was_training)
+
+
+def gather(counts: list[VideoCounts]) -> list[VideoCounts]:
+    """Every rank's videos on every rank, in key order."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        parts: list[list[VideoCounts] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, counts)  # our own small records, never shard data
+        counts = [c for part in parts for c in part or []]
+    keys = [c.key for c in counts]
+    if len(set(keys)) != len(keys):
+        raise ValueError(
+            f"a video was counted twice: {sorted(k for k in keys if keys.count(k) > 1)[:3]}"
+        )
+    return sorted(counts, key=lambda c: c.key)
+
+
+def validate(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    device: torch.device,
+    classes: list[str],
+    window: int = 0,
+    on_video: Callable[[str, torch.Tensor], None] | None = None,
+) -> dict[str, object]:
+    """The metrics report (``metrics.summarize``) of ``model`` on the videos of ``batches``;
+    ``on_video(key, probabilities [T, K])`` sees each of this rank's videos on the way."""
+    counts = []
+    for key, probs, labels in video_probabilities(model, batches, device):
+        if on_video is not None:
+            on_video(key, probs)
+        pred = probs.argmax(-1).tolist()
+        counts.append(count_video(key, pred, labels.tolist(), len(classes), window))
+    return summarize(gather(counts), classes)

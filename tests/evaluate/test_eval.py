@@ -1,0 +1,90 @@
+"""``distseq eval`` on a short real training run: the numbers training logged, eval.json, CSVs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_config
+from distseq.checkpoint.export import export
+from distseq.cli import main
+from distseq.config import load_config
+from distseq.train.loop import train
+from streams import N_VAL, write_stream_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 steps on videos of 9 to 14 frames, validated at the end."""
+    root = tmp_path_factory.mktemp("eval")
+    config = tiny_config(root, write_stream_shards(root / "data"))
+    train(load_config(config, ["data.num_workers=0"]))
+    return root / "run"
+
+
+def logged(run: Path) -> dict[str, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return next(r for r in records if "val_accuracy" in r)
+
+
+def evaluate(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["eval", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_eval_gives_what_training_validated(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = evaluate(capsys, str(run))
+    val = logged(run)
+    assert report["videos"] == N_VAL and report["relaxed_frames"] == 0
+    assert report["frame_level"]["accuracy"] == pytest.approx(val["val_accuracy"], abs=1e-12)
+    assert report["accuracy"]["mean"] == pytest.approx(val["val_video_accuracy"], abs=1e-12)
+    assert report["jaccard"]["mean"] == pytest.approx(val["val_jaccard"], abs=1e-12)
+    assert set(report) >= {"fps", "precision", "recall", "f1", "per_phase", "frame_level"}
+    assert json.loads((run / "eval" / "eval.json").read_text()) == report
+    # One CSV per video: a row per frame, probabilities summing to 1, the phase their argmax.
+    files = sorted((run / "eval").glob("*.csv"))
+    assert [f.stem for f in files] == [f"val-{i:06d}" for i in range(N_VAL)]
+    frames = 0
+    for file in files:
+        rows = list(csv.DictReader(file.open()))
+        frames += len(rows)
+        assert [int(r["frame"]) for r in rows] == list(range(len(rows)))
+        for r in rows:
+            probs = {name: float(r[name]) for name in ("phase0", "phase1", "phase2")}
+            assert sum(probs.values()) == pytest.approx(1, abs=1e-5)
+            assert r["phase"] == max(probs, key=probs.__getitem__) and r["time_s"] == ""
+    assert 9 * N_VAL <= frames <= 14 * N_VAL
+
+
+def test_an_exported_model_and_a_relaxed_window(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exported = export(run, tmp_path / "model.pt")
+    strict = evaluate(capsys, str(exported), "--out", str(tmp_path / "e"))
+    # The exported file holds the checkpoint's weights: the same report to the last digit.
+    assert strict == evaluate(capsys, str(run), "--out", str(tmp_path / "r"))
+    relaxed = evaluate(
+        capsys, str(exported), "--fps", "2", "--relaxed-seconds", "1", "--out", str(tmp_path / "x")
+    )
+    assert (relaxed["fps"], relaxed["relaxed_frames"]) == (2.0, 2)
+    assert relaxed["accuracy"]["mean"] >= strict["accuracy"]["mean"]
+    assert relaxed["frame_level"] == strict["frame_level"]  # frame level is strict always
+
+
+def test_bad_requests_are_one_line(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", str(run), "--relaxed-seconds", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "index.json has no fps" in err and "--fps" in err
+    other = write_stream_shards(tmp_path / "other")
+    index = json.loads((other / "index.json").read_text())
+    (other / "index.json").write_text(json.dumps({**index, "classes": ["a", "b", "c"]}))
+    assert main(["eval", str(run), "--split", str(other / "val-{000000..000001}.tar")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "classes ['a', 'b', 'c'] are not the model's" in err
