@@ -119,7 +119,7 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
     resumed = None if latest is None else load_checkpoint(latest, state)
     position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
     metrics = {} if resumed is None else resumed.metrics
-    log = MetricsLog(out / "metrics.jsonl", info.is_main, after_step=position.step)
+    log = MetricsLog(out, info.is_main, after_step=position.step)
     last_step = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
     if position.step >= last_step:  # nothing left to train, e.g. a finished run launched again
         return metrics
@@ -157,6 +157,7 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
         # print only errors, which name their rank (cli.py).
         say = bar.write if info.is_main else _silent
         for step in range(first, last_step + 1):
+            asked = time.perf_counter()
             batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
             start = time.perf_counter()
             loss, real_frames = train_step(model, optimizer, batches, info.world, carries)
@@ -174,12 +175,18 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
             position = Position(step, position.batches + len(batches), position.seed)
             metrics = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
             metrics["frames_per_s"] = real_frames / seconds
+            # Above about 0.1 the loader, not the model, sets the pace: add data.num_workers.
+            metrics["data_wait_fraction"] = (start - asked) / (start - asked + seconds)
             skipped += [bad for batch in batches for bad in batch.skipped]
-            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)  # a refresh per step floods logs
+            # A refresh per step floods logs.
+            bar.set_postfix(loss=f"{loss:.4f}", fps=f"{real_frames / seconds:.0f}", refresh=False)
             bar.update()
             if step % cfg.train.log_every == 0 or step == cfg.train.steps:
                 count = torch.tensor([float(len(skipped))], device=info.device)
                 metrics["skipped_samples"] = int(all_reduce_sum(count).item())  # all ranks, legs
+                if info.device.type == "cuda":  # the peak since the last record, this rank
+                    metrics["peak_memory_bytes"] = torch.cuda.max_memory_allocated(info.device)
+                    torch.cuda.reset_peak_memory_stats(info.device)
                 log.write(metrics)
                 say(
                     f"step {step}: loss {loss:.4f}  lr {lr:.2e}  grad_norm {grad_norm:.3f}  "
