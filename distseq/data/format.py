@@ -43,7 +43,11 @@ class ShardInfo:
 class Manifest:
     classes: list[str]
     shards: dict[str, ShardInfo]  # by shard file name (no directory)
-    fps: float | None = None  # of the stored frames; distseq shard writes it, synthetic data not
+    # How distseq shard made the frames (synthetic data has none of these): frames/s, square
+    # size and JPEG quality, so that distseq predict can make a new video's frames the same way.
+    fps: float | None = None
+    size: int | None = None
+    quality: int | None = None
 
     @property
     def num_classes(self) -> int:
@@ -79,10 +83,15 @@ def parse_manifest(doc: Any, where: str) -> Manifest:
                 f"manifest {where}: shard {name!r} needs split train|val, samples and frames >= 0"
             )
         shards[name] = ShardInfo(info["split"], info["samples"], info["frames"])
-    fps = doc.get("fps")
-    if fps is not None and not (isinstance(fps, int | float) and fps > 0):
-        raise DataError(f"manifest {where}: 'fps' must be a number > 0, not {fps!r}")
-    return Manifest(classes=list(classes), shards=shards, fps=None if fps is None else float(fps))
+    fps, size, quality = (doc.get(k) for k in ("fps", "size", "quality"))
+    for key, value, kind in (
+        ("fps", fps, int | float),
+        ("size", size, int),
+        ("quality", quality, int),
+    ):
+        if value is not None and not (isinstance(value, kind) and value > 0):
+            raise DataError(f"manifest {where}: {key!r} must be a number > 0, not {value!r}")
+    return Manifest(list(classes), shards, None if fps is None else float(fps), size, quality)
 
 
 def load_manifest(cfg: DataConfig) -> Manifest:

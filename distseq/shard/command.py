@@ -260,7 +260,7 @@ def shard_inputs(opts: Options) -> Summary:
             for packer in packers.values():
                 packer.discard()
             shutil.rmtree(work, ignore_errors=True)
-        write_index(out, classes, float(opts.fps), opts.size, read_commits(out))
+        write_index(out, classes, float(opts.fps), opts.size, opts.quality, read_commits(out))
     return Summary(
         videos=len(sources),
         skipped=len(sources) - len(todo),

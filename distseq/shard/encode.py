@@ -13,7 +13,7 @@ import json
 import math
 import multiprocessing
 import tarfile
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -81,52 +81,81 @@ def source_bytes(source: Source) -> int:
     return sum(p.stat().st_size for p in files)
 
 
-def _decode_video(job: Job) -> tuple[list[bytes], list[int], int, Fraction]:
+class VideoFrames:
+    """The output frames of a video file, as ``distseq shard`` makes them: every source frame
+    shown at ``fps`` (module doc), short side resized to ``size``, centre-cropped square, JPEG
+    encoded at ``quality``; lazily, one source frame decoded at a time.
+
+    Iterating yields (source frame number, JPEG); afterwards ``source_frames`` and ``rate``
+    (the source frame rate) are known.
+    """
+
+    def __init__(self, path: Path, fps: Fraction, size: int, quality: int) -> None:
+        self.path, self.fps, self.size, self.quality = path, fps, size, quality
+        self.source_frames = 0
+        self.rate = Fraction(0)
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        path = self.path
+        try:
+            with av.open(str(path)) as container:
+                if not container.streams.video:
+                    raise DataError(f"{path}: no video stream")
+                stream = container.streams.video[0]
+                guess = stream.average_rate or stream.guessed_rate
+                if not guess:
+                    raise DataError(f"{path}: unknown frame rate")
+                self.rate = Fraction(guess)
+                for n, frame in enumerate(container.decode(stream)):
+                    self.source_frames = n + 1
+                    reps = _repeats(n, self.rate, self.fps)
+                    if reps:
+                        img = torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1)
+                        jpeg = _jpeg(img, self.size, self.quality)
+                        for _ in range(reps):
+                            yield n, jpeg
+        except (av.FFmpegError, OSError) as e:
+            reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
+            raise DataError(f"{path}: cannot decode video: {reason}") from None
+        if self.source_frames == 0:
+            raise DataError(f"{path}: no frames decoded")
+
+
+class FolderFrames:
+    """The output frames of a folder of frame images at ``rate`` frames/s, as ``VideoFrames``."""
+
+    def __init__(
+        self, folder: Path, rate: Fraction, fps: Fraction, size: int, quality: int
+    ) -> None:
+        self.images = image_files(folder)
+        self.rate, self.fps, self.size, self.quality = rate, fps, size, quality
+        self.source_frames = len(self.images)
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        for k, image in enumerate(self.images):
+            reps = _repeats(k, self.rate, self.fps)
+            if reps:
+                try:
+                    img = decode_image(str(image), mode=ImageReadMode.RGB)
+                except (RuntimeError, OSError) as e:
+                    raise DataError(
+                        f"{image}: not a readable image: {str(e).splitlines()[0]}"
+                    ) from None
+                jpeg = _jpeg(img, self.size, self.quality)
+                for _ in range(reps):
+                    yield k, jpeg
+
+
+def _decode(job: Job) -> tuple[list[bytes], list[int], int, Fraction]:
     """JPEGs of the output frames, the source frame each shows, source frames and rate."""
-    path = job.source.path
-    jpegs: list[bytes] = []
-    picks: list[int] = []
-    n = 0
-    try:
-        with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise DataError(f"{path}: no video stream")
-            stream = container.streams.video[0]
-            guess = stream.average_rate or stream.guessed_rate
-            if not guess:
-                raise DataError(f"{path}: unknown frame rate")
-            rate = Fraction(guess)
-            for frame in container.decode(stream):
-                reps = _repeats(n, rate, job.fps)
-                if reps:
-                    img = torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1)
-                    jpegs += [_jpeg(img, job.size, job.quality)] * reps
-                    picks += [n] * reps
-                n += 1
-    except (av.FFmpegError, OSError) as e:
-        reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        raise DataError(f"{path}: cannot decode video: {reason}") from None
-    if n == 0:
-        raise DataError(f"{path}: no frames decoded")
-    return jpegs, picks, n, rate
-
-
-def _decode_folder(job: Job) -> tuple[list[bytes], list[int], int, Fraction]:
-    images = image_files(job.source.path)
-    jpegs: list[bytes] = []
-    picks: list[int] = []
-    for k, image in enumerate(images):
-        reps = _repeats(k, job.folder_fps, job.fps)
-        if reps:
-            try:
-                img = decode_image(str(image), mode=ImageReadMode.RGB)
-            except (RuntimeError, OSError) as e:
-                raise DataError(
-                    f"{image}: not a readable image: {str(e).splitlines()[0]}"
-                ) from None
-            jpegs += [_jpeg(img, job.size, job.quality)] * reps
-            picks += [k] * reps
-    return jpegs, picks, len(images), job.folder_fps
+    source = job.source
+    frames: VideoFrames | FolderFrames
+    if source.is_folder:
+        frames = FolderFrames(source.path, job.folder_fps, job.fps, job.size, job.quality)
+    else:
+        frames = VideoFrames(source.path, job.fps, job.size, job.quality)
+    shown = list(frames)
+    return [j for _, j in shown], [k for k, _ in shown], frames.source_frames, frames.rate
 
 
 def window_starts(n: int, window: int, stride: int) -> list[int]:
@@ -153,8 +182,7 @@ def init_worker() -> None:
 
 def encode(job: Job) -> Encoded:
     """Decode, resample, label and JPEG-encode one video into its temporary tar ``job.tar``."""
-    decode = _decode_folder if job.source.is_folder else _decode_video
-    jpegs, picks, n, rate = decode(job)
+    jpegs, picks, n, rate = _decode(job)
     names = phase_names(job.labels, n, rate, job.source.path)
     labels = [job.class_ids[names[k]] for k in picks]
     starts = window_starts(len(jpegs), job.window, job.stride)

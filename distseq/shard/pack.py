@@ -235,11 +235,17 @@ def next_indices(records: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def write_index(
-    out: Path, classes: list[str], fps: float, size: int, records: list[dict[str, Any]]
+    out: Path,
+    classes: list[str],
+    fps: float,
+    size: int,
+    quality: int,
+    records: list[dict[str, Any]],
 ) -> None:
     """index.json from all commit records, so it lists the videos of earlier runs too."""
     shards = {name: info for r in records for name, info in r["shards"].items()}
     sources = {stem: rec for r in records for stem, rec in r["sources"].items()}
     manifest = Manifest(classes, dict(sorted(shards.items())))
-    extra = {"fps": fps, "size": size, "sources": dict(sorted(sources.items()))}
+    # fps, size and quality let distseq predict make a video's frames exactly as these were made.
+    extra = {"fps": fps, "size": size, "quality": quality, "sources": dict(sorted(sources.items()))}
     write_manifest(out / "index.json", manifest, **extra)
