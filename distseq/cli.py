@@ -1,4 +1,4 @@
-"""``distseq`` command line: train, demo, shard, export, eval, predict, submit, bench.
+"""``distseq`` command line: train, demo, shard, export, eval, predict, report, submit, bench.
 
 Each command's options and its run live beside its code (``add_parser`` sets ``run``); this file
 only assembles them and turns the errors users cause into one line and an exit code.
@@ -23,14 +23,23 @@ def _parser() -> argparse.ArgumentParser:
     from distseq.bench import memory as bench_memory
     from distseq.checkpoint import export
     from distseq.demo import run as demo
-    from distseq.evaluate import eval_command, predict_command
+    from distseq.evaluate import eval_command, predict_command, report_command
     from distseq.launch import slurm
     from distseq.shard import command as shard
     from distseq.train import command as train
 
     parser = argparse.ArgumentParser(prog="distseq", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (train, demo, shard, export, eval_command, predict_command, slurm):
+    for command in (
+        train,
+        demo,
+        shard,
+        export,
+        eval_command,
+        predict_command,
+        report_command,
+        slurm,
+    ):
         command.add_parser(sub)
     bench = sub.add_parser("bench", help="print benchmark numbers")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

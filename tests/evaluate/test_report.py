@@ -1,0 +1,56 @@
+"""``distseq report`` on a short real training run: pictures that are drawn, and a page that
+shows each of them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.io import decode_png
+
+from conftest import tiny_config
+from distseq.cli import main
+from distseq.config import load_config
+from distseq.train.loop import train
+from streams import N_VAL, write_stream_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+
+
+def png(path: Path) -> torch.Tensor:
+    return decode_png(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
+
+
+def test_report_draws_every_picture_and_links_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tiny_config(tmp_path, write_stream_shards(tmp_path / "data"))
+    train(load_config(config, ["data.num_workers=0", "train.eval_every=1"]))
+    run = tmp_path / "run"
+    capsys.readouterr()  # training's own lines
+    assert main(["report", str(run)]) == 0
+    out = run / "report"
+    pictures = sorted(out.rglob("*.png"))
+    assert capsys.readouterr().out == f"wrote {out / 'report.html'} with {len(pictures)} pictures\n"
+    names = {p.relative_to(out).as_posix() for p in pictures}
+    ribbons = {f"ribbons/val-{i:06d}.png" for i in range(N_VAL)}
+    assert (
+        names
+        == {"loss.png", "validation.png", "speed.png", "data_wait.png", "confusion.png"} | ribbons
+    )
+    sizes = {"loss.png": (320, 700), "confusion.png": (320, 340)}
+    for picture in pictures:
+        image = png(picture)
+        name = picture.relative_to(out).as_posix()
+        if name in sizes:
+            assert image.shape[1:] == sizes[name], name
+        if name.startswith("ribbons/"):
+            assert image.shape[1:] == (285, 1000), name  # 3 bands, the legend and a title
+        # Drawn: a blank or single-colour figure has (almost) no spread in its pixels.
+        assert image.shape[0] in (3, 4) and image[:3].float().std() > 15, name
+    page = (out / "report.html").read_text()
+    linked = set(re.findall(r'<img src="([^"]+)"', page))
+    assert linked == names
+    assert "Validation at step 3" in page and "Peak device memory is recorded on GPUs" in page
