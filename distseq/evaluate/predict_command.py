@@ -78,11 +78,24 @@ def _frames(
         yield decode([(number, jpeg)], where, size)[0]
 
 
+def _check_classes(shards: str, loaded: Loaded) -> None:
+    """Shards labelled with other classes than the model's: a label would be read as another."""
+    try:
+        manifest = find_manifest(shards, "", "INPUT")
+    except DataError:  # no index.json beside them: their labels are only range-checked
+        return
+    if manifest.classes != loaded.classes:
+        raise ConfigError(
+            f"{shards}: its classes {manifest.classes} are not the model's {loaded.classes}"
+        )
+
+
 def videos(inputs: list[str], loaded: Loaded, how: Making) -> Iterator[Video]:
     """Every video of ``inputs``, lazily, in order."""
     data = loaded.config.data
     for item in inputs:
         if _is_shards(item):
+            _check_classes(item, loaded)
             for url in expand(item, "INPUT"):
                 for sample in read_shard(url):
                     video = validate(sample, len(loaded.classes), data.frame_stride)

@@ -115,7 +115,7 @@ def test_the_command_writes_csvs_and_ribbons(
         image = decode_png(
             torch.frombuffer(bytearray((out / f"{name}.png").read_bytes()), dtype=torch.uint8)
         )
-        assert image.shape[1:] == (145, 1000) and image.float().std() > 20  # drawn, not blank
+        assert image.shape[1:] == (150, 1000) and image.float().std() > 20  # drawn, not blank
     # The same frames make the same predictions, whether from the video or from its shard.
     assert (out / "carphone_pristine.csv").read_text() == (out / "clip.csv").read_text()
 
@@ -123,7 +123,7 @@ def test_the_command_writes_csvs_and_ribbons(
 def test_a_video_without_a_known_frame_rate_is_one_line(
     trained: tuple[Path, Loaded], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path, _ = trained
+    path, loaded = trained
     blob = torch.load(path, weights_only=True)
     blob["config"]["data"]["train"] = str(tmp_path / "gone-{000000..000001}.tar")
     moved = tmp_path / "moved.pt"
@@ -132,3 +132,10 @@ def test_a_video_without_a_known_frame_rate_is_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--fps needed" in err, err
     assert main(["predict", str(moved), str(CLIP), "--out", str(tmp_path / "p"), "--fps", "5"]) == 0
+    capsys.readouterr()
+    blob["classes"] = ["x", "y"]  # shards of another vocabulary
+    torch.save(blob, moved)
+    shards = str(Path(loaded.config.data.train))
+    assert main(["predict", str(moved), shards, "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "classes ['a', 'b'] are not the model's ['x', 'y']" in err
