@@ -59,3 +59,9 @@ class MetricsLog:
         if self.enabled:
             self.file.close()
             self.board.close()
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

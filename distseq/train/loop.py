@@ -119,7 +119,6 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
     resumed = None if latest is None else load_checkpoint(latest, state)
     position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
     metrics = {} if resumed is None else resumed.metrics
-    log = MetricsLog(out, info.is_main, after_step=position.step)
     last_step = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
     if position.step >= last_step:  # nothing left to train, e.g. a finished run launched again
         return metrics
@@ -145,14 +144,17 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
     first = position.step + 1
     # Redraws are for terminals; in a log file each one is a line, so write one every 30 s. The
     # bar closes on any error too, so that the error is printed on a line of its own.
-    with tqdm(
-        total=cfg.train.steps,
-        initial=position.step,
-        desc="train",
-        disable=not info.is_main,
-        dynamic_ncols=True,
-        mininterval=0.5 if sys.stderr.isatty() else 30.0,
-    ) as bar:
+    with (
+        MetricsLog(out, info.is_main, after_step=position.step) as log,
+        tqdm(
+            total=cfg.train.steps,
+            initial=position.step,
+            desc="train",
+            disable=not info.is_main,
+            dynamic_ncols=True,
+            mininterval=0.5 if sys.stderr.isatty() else 30.0,
+        ) as bar,
+    ):
         # tqdm's write prints even where the bar is disabled: only rank 0 speaks; the others
         # print only errors, which name their rank (cli.py).
         say = bar.write if info.is_main else _silent
@@ -215,5 +217,4 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
                 )
             if stopping and step < last_step:
                 raise Interrupted(step)
-    log.close()
     return metrics
