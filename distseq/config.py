@@ -145,7 +145,9 @@ class DataConfig:
 @dataclass
 class BackboneConfig:
     name: str = "resnet18"  # any torchvision classification model with a final nn.Linear
-    weights: str = ""  # local state_dict file; empty: random init. Never fetched.
+    # A local state_dict file, or a torchvision weights entry (DEFAULT, IMAGENET1K_V1, ...) read
+    # from torchvision's cache ($TORCH_HOME/hub/checkpoints); empty: random init.
+    weights: str = ""
     norm: Norm = Norm.groupnorm
 
 

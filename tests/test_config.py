@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from distseq.config import Config, load_config, to_yaml
 from distseq.errors import ConfigError
 
@@ -70,3 +71,10 @@ def test_cross_key_checks_fail_at_load_time(overrides: list[str], key: str) -> N
 def test_remote_shards_with_a_manifest_are_fine() -> None:
     cfg = load_config(None, ["data.train=pipe:cat x.tar", "data.manifest=index.json"])
     assert cfg.data.manifest == "index.json"
+
+
+@pytest.mark.parametrize("name", ["configs/cholec-resnet50-lstm.yaml", "distseq/demo/demo.yaml"])
+def test_the_shipped_configs_load(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = load_config(REPO / name, ["data.train=shards/train-000000.tar"])
+    assert cfg.data.window > 1
+    assert capsys.readouterr().err == ""  # no renamed key in them

@@ -48,30 +48,61 @@ def _convert_norm(cnn: nn.Module, norm: Norm) -> None:
         _set_module(cnn, name, new)
 
 
-def _load_weights(cnn: nn.Module, path: str) -> None:
-    file = Path(path)
+def _state_from_file(file: Path) -> object:
     if not file.is_file():
         raise ConfigError(f"config key model.backbone.weights: file not found: {file}")
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ConfigError(
             f"model.backbone.weights {file}: not a loadable state_dict ({first_line(e)})"
         ) from None
+
+
+def _state_from_torchvision(model: str, entry: str) -> object:
+    """A torchvision weights enum entry's state dict, through torchvision's own cache
+    (``$TORCH_HOME/hub/checkpoints``): a machine that holds the file never downloads it."""
+    weights = torchvision.models.get_model_weights(model)
+    if entry not in weights.__members__:
+        raise ConfigError(
+            f"config key model.backbone.weights={entry!r}: neither a file nor one of {model}'s "
+            f"torchvision weights ({', '.join(weights.__members__)})"
+        )
+    url = weights[entry].url
+    cache = Path(torch.hub.get_dir()) / "checkpoints"
+    try:
+        return torch.hub.load_state_dict_from_url(
+            url, map_location="cpu", progress=False, check_hash=True, weights_only=True
+        )
+    except (OSError, RuntimeError) as e:  # urllib's URLError is an OSError; a bad hash, a Runtime
+        name = url.rsplit("/", 1)[-1]
+        raise ConfigError(
+            f"model.backbone.weights={entry}: {name} is not in torchvision's cache {cache} and "
+            f"could not be fetched ({first_line(e)}): put the file there, from {url}"
+        ) from None
+
+
+def _load_weights(cnn: nn.Module, model: str, weights: str) -> None:
+    """Weights from a local state_dict file, or by the name of a torchvision weights entry."""
+    file = Path(weights)
+    by_name = not file.exists() and file.suffix == "" and "/" not in weights
+    state = _state_from_torchvision(model, weights) if by_name else _state_from_file(file)
     if not isinstance(state, dict):
         raise ConfigError(
-            f"model.backbone.weights {file}: expected a state_dict, got {type(state)}"
+            f"model.backbone.weights {weights}: expected a state_dict, got {type(state)}"
         )
     try:
         result = cnn.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shape mismatches; the first line names the first offender
         detail = [line.strip() for line in str(e).splitlines() if line.strip()][1:2]
         raise ConfigError(
-            f"model.backbone.weights {file}: does not fit the model: {detail}"
+            f"model.backbone.weights {weights}: does not fit the model: {detail}"
         ) from None
     if result.missing_keys or result.unexpected_keys:
         bad = (result.missing_keys + result.unexpected_keys)[:3]
-        raise ConfigError(f"model.backbone.weights {file}: keys do not match the model, e.g. {bad}")
+        raise ConfigError(
+            f"model.backbone.weights {weights}: keys do not match the model, e.g. {bad}"
+        )
 
 
 def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
@@ -80,8 +111,8 @@ def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
         raise ConfigError(f"config key model.backbone.name={cfg.name!r}: not a torchvision model")
     cnn = torchvision.models.get_model(cfg.name, weights=None)
     if cfg.weights:
-        _load_weights(cnn, cfg.weights)
-    _convert_norm(cnn, cfg.norm)
+        _load_weights(cnn, cfg.name, cfg.weights)
+    _convert_norm(cnn, cfg.norm)  # after the weights: frozen_bn keeps their statistics
     # The classifier is the last Linear in every torchvision CNN we support; what feeds it
     # is the per-frame feature vector.
     linears = [(n, m) for n, m in cnn.named_modules() if isinstance(m, nn.Linear)]

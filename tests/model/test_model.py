@@ -105,3 +105,39 @@ def test_carried_state_continues_the_sequence_and_stops_the_gradient(kind: str) 
         continued = head(feats[:, :3], mask[:, :3], carry)
     torch.testing.assert_close(continued[:1], fresh)
     assert not torch.allclose(continued[1:], head(feats[1:, :3], mask[1:, :3]))
+
+
+def test_weights_by_torchvision_name_come_from_its_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A machine that already holds the file, as torchvision keeps it: never a download.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")  # any fetch would fail at once
+    torch.manual_seed(5)
+    reference = torchvision.models.resnet18()
+    cache = tmp_path / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(reference.state_dict(), cache / "resnet18-f37072fd.pth")
+    for entry in ("IMAGENET1K_V1", "DEFAULT"):
+        cnn, _ = build_backbone(BackboneConfig(name="resnet18", weights=entry, norm=Norm.frozen_bn))
+        assert torch.equal(cnn.conv1.weight, reference.conv1.weight)
+        # The norm policy applies after the weights: frozen BN keeps their statistics.
+        assert torch.equal(cnn.bn1.running_mean, reference.bn1.running_mean)
+
+
+def test_weights_that_cannot_be_fetched_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")  # no network, as on a cluster node
+    with pytest.raises(ConfigError) as e:
+        build_backbone(BackboneConfig(name="resnet18", weights="IMAGENET1K_V1"))
+    message = str(e.value)
+    assert "\n" not in message and "resnet18-f37072fd.pth is not in torchvision's cache" in message
+    assert str(tmp_path / "hub" / "checkpoints") in message and "put the file there" in message
+    assert not list(tmp_path.rglob("*.pth"))  # nothing half-downloaded left behind
+    with pytest.raises(
+        ConfigError,
+        match=r"nor one of resnet18's torchvision weights \(IMAGENET1K_V1, DEFAULT\)",
+    ):
+        build_backbone(BackboneConfig(name="resnet18", weights="IMAGENET_V9"))
