@@ -1,4 +1,4 @@
-"""``distseq`` command line: train, demo, shard, export, eval, predict, report, submit, bench.
+"""distseq command line: train, demo, shard, export, eval, predict, report, submit, bench.
 
 Each command's options and its run live beside its code (``add_parser`` sets ``run``); this file
 only assembles them and turns the errors users cause into one line and an exit code.
