@@ -9,6 +9,8 @@ import torch
 
 from distseq.data import sharedmem
 
+# The label of a padding frame, and of a frame stored as unlabelled (-1): the loss and the
+# metrics leave it out; the frame itself still goes through the model.
 IGNORE_INDEX = -100
 
 
@@ -71,7 +73,8 @@ def collate(rows: list[Row], size: int, skipped: list[str], worker: int) -> Batc
             for t, frame in enumerate(x):
                 frames[b, t] = frame
         frames[b, len(y) :] = 0
-        labels[b, : len(y)] = torch.tensor(y, dtype=torch.int64)
+        given = torch.tensor(y, dtype=torch.int64)
+        labels[b, : len(y)] = given.masked_fill_(given < 0, IGNORE_INDEX)
         mask[b, : len(y)] = True
     starts = torch.tensor([start for *_, start in rows], dtype=torch.bool)
     keys = [row[0] for row in rows]

@@ -20,6 +20,7 @@ from distseq.data.tar import Sample
 from distseq.errors import DataError, first_line
 
 _FRAME_RE = re.compile(r"(\d{6})\.jpg")
+UNLABELLED = -1  # in labels.json: a frame that the loss and the metrics leave out
 
 
 @dataclass
@@ -63,7 +64,7 @@ def validate(sample: Sample, num_classes: int, stride: int) -> Video:
         raise DataError(f"{where}: {key}.labels.json 'labels' must be a list of integers")
     if len(labels) != n:
         raise DataError(f"{where}: {len(labels)} labels for {n} frames")
-    bad = [x for x in labels if not 0 <= x < num_classes]
+    bad = [x for x in labels if not (0 <= x < num_classes or x == UNLABELLED)]
     if bad:
         raise DataError(f"{where}: label {bad[0]} outside the {num_classes} manifest classes")
     kept = range(0, n, stride)

@@ -36,9 +36,10 @@ def ribbon(
     errors: Sequence[bool] | None = None,
     title: str = "",
 ) -> None:
-    """One horizontal band per entry of ``rows`` (e.g. truth, prediction), coloured by phase;
-    with ``errors``, a last band that marks the wrong frames."""
-    colours = ListedColormap(phase_colours(len(classes)))
+    """One horizontal band per entry of ``rows`` (e.g. truth, prediction), coloured by phase
+    (white where a row has no phase: an unlabelled frame); with ``errors``, a last band that
+    marks the wrong frames."""
+    colours = ListedColormap(phase_colours(len(classes))).with_extremes(under="white")
     length = max(len(r) for r in rows.values())
     bands = len(rows) + (errors is not None)
     top = 0.35 + 0.25 * bool(title)  # inches for the legend and the title

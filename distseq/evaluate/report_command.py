@@ -84,9 +84,10 @@ def make_report(run: Path, out: Path) -> list[Path]:
         ):
             pred, truth = probs.argmax(-1).tolist(), labels.tolist()
             for t, p in zip(truth, pred, strict=True):
-                counts[t][p] += 1
-            wrong = [t != p for t, p in zip(truth, pred, strict=True)]
-            accuracy = 1 - sum(wrong) / max(1, len(wrong))
+                if t >= 0:  # unlabelled frames are left out, as the metrics leave them
+                    counts[t][p] += 1
+            wrong = [0 <= t != p for t, p in zip(truth, pred, strict=True)]
+            accuracy = 1 - sum(wrong) / max(1, sum(t >= 0 for t in truth))
             path = out / "ribbons" / f"{key}.png"
             ribbon(
                 path,

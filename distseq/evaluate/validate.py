@@ -64,6 +64,10 @@ def validate(
     for key, probs, labels in video_probabilities(model, batches, device):
         if on_video is not None:
             on_video(key, probs)
-        pred = probs.argmax(-1).tolist()
-        counts.append(count_video(key, pred, labels.tolist(), len(classes), window))
+        # Unlabelled frames (and padding) are left out; the model still saw them.
+        labelled = labels >= 0
+        if not labelled.any():
+            continue
+        pred = probs.argmax(-1)[labelled].tolist()
+        counts.append(count_video(key, pred, labels[labelled].tolist(), len(classes), window))
     return summarize(gather(counts), classes)

@@ -86,7 +86,7 @@ def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, floa
 
 
 def _val_scores(report: dict[str, Any]) -> dict[str, float]:
-    """The validation numbers a run logs: per-frame accuracy over all real frames, as the loss
+    """The validation numbers a run logs: per-frame accuracy over all labelled frames, as the loss
     counts them, and the phase metrics' means (strict, no relaxed window)."""
     scores = {"val_accuracy": report["frame_level"]["accuracy"]}
     scores["val_video_accuracy"] = report["accuracy"]["mean"]

@@ -42,14 +42,19 @@ def train_step(
 ) -> tuple[float, int]:
     """Forward and backward over the micro-batches of one optimizer step.
 
-    Returns the mean loss per real frame over the global batch and the global frame count. Each
-    rank's loss is scaled so that the gradient average that DDP and FSDP perform gives exactly
-    the gradient of the global mean, whatever the padding on each rank.
+    Returns the mean loss per labelled frame over the global batch and the global count of real
+    frames (labelled or not). Each rank's loss is scaled so that the gradient average that DDP
+    and FSDP perform gives exactly the gradient of the global mean, whatever the padding and
+    the unlabelled frames on each rank.
 
     ``carries`` (ordered mode): the RNN state of each loader worker's lanes, carried across
     batches; each worker's batches continue its own videos.
     """
-    real = all_reduce_sum(sum(b.mask.sum() for b in micro_batches).double())  # type: ignore[union-attr]
+    counts = torch.stack(
+        [torch.stack([b.mask.sum(), (b.labels >= 0).sum()]) for b in micro_batches]
+    )
+    real, labelled = all_reduce_sum(counts.sum(0).double()).unbind()
+    labelled = labelled.clamp(min=1)  # a step of unlabelled frames alone: no loss, no gradient
     total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].mask.device)
     for i, batch in enumerate(micro_batches):
         carry = None if carries is None else carries.setdefault(batch.worker, Carry())
@@ -60,6 +65,6 @@ def train_step(
             loss_sum = F.cross_entropy(
                 logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="sum"
             )
-            (loss_sum * (world / real)).backward()
+            (loss_sum * (world / labelled)).backward()
         total += loss_sum.detach().double()
-    return float(all_reduce_sum(total) / real), int(real)
+    return float(all_reduce_sum(total) / labelled), int(real)

@@ -16,7 +16,7 @@ from torchvision.io import encode_jpeg
 
 from distseq.config import DataConfig
 from distseq.data import train_stream
-from distseq.data.batch import Batch, empty_batch
+from distseq.data.batch import IGNORE_INDEX, Batch, empty_batch
 from distseq.data.format import load_manifest
 from distseq.data.synthetic import CUE_FRAMES, encode_sample, sequences, write_synthetic
 from distseq.data.train_stream import train_batches
@@ -189,6 +189,7 @@ def test_all_bad_train_data_raises_instead_of_hanging(tmp_path: Path) -> None:
     [
         ("short", 3, [0, 1], r"sample short: 2 labels for 3 frames"),
         ("range", 2, [0, 7], r"sample range: label 7 outside the 3"),
+        ("negative", 2, [-1, -2], r"sample negative: label -2 outside the 3"),
         ("notint", 2, [0, "1"], r"sample notint: .* must be a list of integers"),
         ("nolab", 1, None, r"sample nolab: missing member nolab\.labels\.json"),
         ("gap", 0, [0, 0], r"sample gap: frames must be numbered 000000\.\.000001"),
@@ -204,6 +205,13 @@ def test_bad_labels_raise(
         sample["000000.jpg"] = sample["000002.jpg"] = _sample("x", n=1)["000000.jpg"]
     with pytest.raises(DataError, match=message):
         _val(_write_shard(tmp_path, [sample]))
+
+
+def test_an_unlabelled_frame_is_ignored_by_the_loss_but_kept(tmp_path: Path) -> None:
+    (batch,) = _val(_write_shard(tmp_path, [_sample("part", n=3, labels=[-1, 2, -1])]))
+    assert batch.labels[0].tolist() == [IGNORE_INDEX, 2, IGNORE_INDEX]
+    assert batch.mask[0].tolist() == [True, True, True]  # the frames still reach the model
+    assert batch.frames[0, 2].float().mean() > 60  # frame 2 (grey level 80), not padding
 
 
 def test_missing_shard_or_manifest(shards: Path, tmp_path: Path) -> None:

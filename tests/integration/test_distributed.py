@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import random_batch, tiny_model, torchrun
+from conftest import tiny_model, torchrun
 from distseq.train.step import clip_grad_norm, train_step
-from workers.grad_step import LENGTHS, LR, STEPS
+from workers.grad_step import LR, STEPS, global_batch
 
 
 def reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One process, no process group, the whole global batch in one micro-batch."""
     model = tiny_model("torch", chunk=4)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    batch = random_batch(4, 10, lengths=LENGTHS)
+    batch = global_batch()
     losses, grads = [], {}
     for step in range(STEPS):
         loss, _ = train_step(model, opt, [batch], world=1)

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from conftest import random_batch, report, tiny_model
 from distseq.config import ParallelConfig, ParallelMode
-from distseq.data.batch import Batch
+from distseq.data.batch import IGNORE_INDEX, Batch
 from distseq.parallel import init_distributed, parallelize
 from distseq.train.step import clip_grad_norm, train_step
 
@@ -27,13 +27,22 @@ LENGTHS = [10, 6, 8, 3]
 LR = 0.01
 
 
+def global_batch() -> Batch:
+    """Four sequences of unequal length, and unequal numbers of unlabelled frames on each rank's
+    half: the loss is the mean over labelled frames, whichever rank holds them."""
+    batch = random_batch(4, 10, lengths=LENGTHS)
+    batch.labels[0, 2:7] = IGNORE_INDEX
+    batch.labels[3, 0] = IGNORE_INDEX
+    return batch
+
+
 def main() -> None:
     mode, accum = sys.argv[1], int(sys.argv[2])
     info = init_distributed()
     cfg = ParallelConfig(mode=ParallelMode(mode))
     model = parallelize(tiny_model("torch", chunk=4), cfg, info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    glob = random_batch(4, 10, lengths=LENGTHS)
+    glob = global_batch()
     per_rank = 4 // info.world
     rows = range(info.rank * per_rank, (info.rank + 1) * per_rank)
     micro = [
