@@ -158,9 +158,18 @@ class HeadConfig:
     layers: int = 1
     dropout: float = 0.0
     bidirectional: bool = False  # sees the future: offline segmentation only
+    # 0: PyTorch's initialisation. N: chrono initialisation (Tallec and Ollivier, 2018) for
+    # dependencies of up to N frames: the RNN starts out remembering, not forgetting.
+    chrono_frames: int = 0
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "model.head.hidden", self.hidden, "must be >= 1")
+        _check(
+            self.chrono_frames == 0 or (self.chrono_frames >= 2 and self.kind is not Temporal.none),
+            "model.head.chrono_frames",
+            self.chrono_frames,
+            "must be 0, or >= 2 with an RNN (model.head.kind lstm or gru)",
+        )
         _check(self.layers >= 1, "model.head.layers", self.layers, "must be >= 1")
         _check(0.0 <= self.dropout < 1.0, "model.head.dropout", self.dropout, "must be in [0, 1)")
 

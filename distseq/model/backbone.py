@@ -62,6 +62,8 @@ def _state_from_file(file: Path) -> object:
 def _state_from_torchvision(model: str, entry: str) -> object:
     """A torchvision weights enum entry's state dict, through torchvision's own cache
     (``$TORCH_HOME/hub/checkpoints``): a machine that holds the file never downloads it."""
+    if model == TINY_CNN:
+        raise ConfigError(f"config key model.backbone.weights={entry!r}: {TINY_CNN} has none")
     weights = torchvision.models.get_model_weights(model)
     if entry not in weights.__members__:
         raise ConfigError(
@@ -105,11 +107,36 @@ def _load_weights(cnn: nn.Module, model: str, weights: str) -> None:
         )
 
 
+TINY_CNN = "tiny_cnn"
+
+
+def tiny_cnn() -> nn.Module:
+    """distseq's own small CNN for demos and tests, built like a torchvision classifier: two
+    strided 3x3 convolutions (16 and 32 channels) with BatchNorm and ReLU, global average
+    pooling, and a final Linear that ``build_backbone`` removes; 32 features a frame."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 1000),
+    )
+
+
 def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
     """The CNN, mapping normalised float frames [N, 3, H, W] to features [N, F], and F."""
-    if cfg.name not in torchvision.models.list_models(module=torchvision.models):
-        raise ConfigError(f"config key model.backbone.name={cfg.name!r}: not a torchvision model")
-    cnn = torchvision.models.get_model(cfg.name, weights=None)
+    if cfg.name == TINY_CNN:
+        cnn = tiny_cnn()
+    elif cfg.name in torchvision.models.list_models(module=torchvision.models):
+        cnn = torchvision.models.get_model(cfg.name, weights=None)
+    else:
+        raise ConfigError(
+            f"config key model.backbone.name={cfg.name!r}: not a torchvision model nor {TINY_CNN}"
+        )
     if cfg.weights:
         _load_weights(cnn, cfg.name, cfg.weights)
     _convert_norm(cnn, cfg.norm)  # after the weights: frozen_bn keeps their statistics

@@ -97,4 +97,20 @@ def build_head(in_dim: int, cfg: HeadConfig, num_classes: int) -> TemporalHead:
             bidirectional=cfg.bidirectional,
         )
         out_dim = cfg.hidden * (2 if cfg.bidirectional else 1)
+        if cfg.chrono_frames:
+            _chrono(rnn, cfg.chrono_frames)
     return TemporalHead(rnn, nn.Linear(out_dim, num_classes), cfg.dropout)
+
+
+def _chrono(rnn: nn.LSTM | nn.GRU, frames: int) -> None:
+    """Biases log(U(1, frames - 1)) on the gate that keeps the state, so that each unit starts
+    with a memory of up to ``frames`` steps: the LSTM's forget gate (PyTorch's order i, f, g, o)
+    or the GRU's update gate (r, z, n), second in both. Chrono's input-gate biases, the forget
+    biases' negative, are left at 0: closed that far, they kept a 12-frame cue out."""
+    h = rnn.hidden_size
+    with torch.no_grad():
+        for name, bias in rnn.named_parameters():
+            if name.startswith("bias_ih"):
+                bias[h : 2 * h] = torch.log(torch.empty(h).uniform_(1, frames - 1))
+            elif name.startswith("bias_hh"):
+                bias[h : 2 * h] = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -10,13 +11,15 @@ import torchvision
 from torch import nn
 
 from conftest import random_batch, tiny_model
-from distseq.config import BackboneConfig, Norm
+from distseq.config import BackboneConfig, HeadConfig, Norm, Temporal
 from distseq.errors import ConfigError
 from distseq.model.backbone import build_backbone
-from distseq.model.head import Carry
+from distseq.model.head import Carry, build_head
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "convnext_tiny", "efficientnet_b0"])
+@pytest.mark.parametrize(
+    "name", ["resnet18", "resnet50", "convnext_tiny", "efficientnet_b0", "tiny_cnn"]
+)
 @pytest.mark.parametrize("norm", ["groupnorm", "frozen_bn", "batchnorm"])
 def test_backbones_and_norm_policies(name: str, norm: str) -> None:
     model = tiny_model("torch", chunk=3, backbone=name, norm=norm).eval()
@@ -141,3 +144,41 @@ def test_weights_that_cannot_be_fetched_are_one_line(
         match=r"nor one of resnet18's torchvision weights \(IMAGENET1K_V1, DEFAULT\)",
     ):
         build_backbone(BackboneConfig(name="resnet18", weights="IMAGENET_V9"))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_chrono_initialisation_opens_the_keep_gate(kind: str) -> None:
+    torch.manual_seed(0)
+    head = build_head(8, HeadConfig(kind=Temporal(kind), hidden=64, chrono_frames=300), 2)
+    assert head.rnn is not None
+    h = 64
+    keep = head.rnn.bias_ih_l0[h : 2 * h] + head.rnn.bias_hh_l0[h : 2 * h]
+    # log U(1, 299): every unit starts out keeping its state, over 1 to 299 frames.
+    assert keep.min() >= 0 and keep.max() <= math.log(299) and keep.std() > 0.3
+    others = torch.cat([head.rnn.bias_ih_l0[:h], head.rnn.bias_ih_l0[2 * h :]])
+    assert others.abs().max() < 1 / math.sqrt(h)  # PyTorch's initialisation, untouched
+    # Remembering, in practice: 100 frames after one input, the state still shows it, where
+    # PyTorch's initialisation has forgotten it (its keep gate starts half open: 0.5^100).
+    trace = {}
+    for chrono in (0, 300):
+        torch.manual_seed(0)
+        rnn = build_head(8, HeadConfig(kind=Temporal(kind), hidden=h, chrono_frames=chrono), 2).rnn
+        assert rnn is not None
+        x = torch.zeros(1, 101, 8)
+        x[0, 0] = 3.0
+        with torch.no_grad():
+            cued, blank = rnn(x)[0][0, -1], rnn(torch.zeros(1, 101, 8))[0][0, -1]
+        trace[chrono] = float((cued - blank).abs().max())
+    assert trace[300] > 1e-3 and trace[300] > 1000 * trace[0], trace
+
+
+def test_chrono_needs_an_rnn() -> None:
+    with pytest.raises(ConfigError, match=r"model\.head\.chrono_frames"):
+        HeadConfig(kind=Temporal.none, chrono_frames=300)
+
+
+def test_the_tiny_cnn_has_no_torchvision_weights() -> None:
+    with pytest.raises(ConfigError, match=r"model\.backbone\.weights='DEFAULT': tiny_cnn has none"):
+        build_backbone(BackboneConfig(name="tiny_cnn", weights="DEFAULT"))
+    with pytest.raises(ConfigError, match=r"not a torchvision model nor tiny_cnn"):
+        build_backbone(BackboneConfig(name="tinycnn"))
