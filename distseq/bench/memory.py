@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 
-from distseq.bench.measure import SavedTensorBytes, peak_memory
 from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Norm, Recompute
+from distseq.memory.measure import SavedTensorBytes, measure_step
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.video import VideoModel, build_model
 
@@ -71,24 +69,7 @@ def bench_case(
     x = torch.randint(0, 256, (1, frames, 3, size, size), generator=g, dtype=torch.uint8).to(device)
     mask = torch.ones(1, frames, dtype=torch.bool, device=device)
     labels = torch.randint(0, CLASSES, (1, frames), generator=g).to(device)
-
-    def step() -> None:
-        loss = F.cross_entropy(model(x, mask).flatten(0, 1), labels.flatten())
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    step()  # warm-up: allocator, thread pools, cuDNN autotuning
-    with SavedTensorBytes(exclude=model.parameters()) as saved:
-        loss = F.cross_entropy(model(x, mask).flatten(0, 1), labels.flatten())
-    del loss
-    peak = peak_memory(step, device)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    cost = measure_step(model, x, mask, labels)
     floor = _floor_bytes(backbone, model, x, mask, chunk)
     return Record(
         backbone,
@@ -96,10 +77,10 @@ def bench_case(
         frames,
         size,
         chunk,
-        peak,
-        saved.bytes,
+        cost.peak_bytes,
+        cost.saved_bytes,
         floor,
-        seconds,
+        cost.seconds,
         str(device),
     )
 

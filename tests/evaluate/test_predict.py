@@ -13,7 +13,6 @@ import torch
 from torchvision.io import decode_png
 
 from conftest import random_batch, tiny_model
-from distseq.bench.measure import peak_memory
 from distseq.checkpoint.export import Loaded
 from distseq.checkpoint.sharded import FORMAT
 from distseq.cli import main
@@ -22,6 +21,7 @@ from distseq.data.decode import decode, validate
 from distseq.data.tar import read_shard
 from distseq.evaluate.predict import video_probabilities
 from distseq.evaluate.predict_command import making, videos
+from distseq.memory.measure import peak_memory
 from distseq.model.video import build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")

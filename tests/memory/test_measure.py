@@ -1,4 +1,4 @@
-"""distseq.bench.measure: exact saved bytes and exact CPU peak (collectives: tests/integration)."""
+"""distseq.memory.measure: exact saved bytes and exact CPU peak (collectives: tests/integration)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from distseq.bench.measure import SavedTensorBytes, peak_memory
+from distseq.memory.measure import SavedTensorBytes, peak_memory
 
 CPU = torch.device("cpu")
 MiB = 1 << 20
