@@ -64,15 +64,6 @@ def test_an_error_during_training_stands_on_its_own_line(tmp_path: Path, shards:
     assert errors == [f"distseq: error: val shard {unlisted} is not listed in index.json"]
 
 
-def test_demo_runs_end_to_end_and_reports_both_accuracies(tmp_path: Path) -> None:
-    # The README's first command, shortened: the full demo's accuracy is reported in the README.
-    proc = distseq("demo", "--out", str(tmp_path / "demo"), "train.steps=2", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "CNN alone (per frame)" in proc.stdout and "CNN+LSTM, end to end" in proc.stdout
-    for run in ("cnn_only", "cnn_rnn"):
-        assert (tmp_path / "demo" / run / "checkpoints" / "latest").is_file()
-
-
 @pytest.mark.parametrize(
     "overrides,key",
     [

@@ -16,7 +16,7 @@ tar headers carry a fixed mtime/owner, and JPEG encoding is deterministic.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -122,34 +122,19 @@ def encode_sample(key: str, frames: torch.Tensor, labels: list[int]) -> dict[str
     return sample
 
 
-def write_synthetic(
+def write_shards(
     out_dir: Path,
-    *,
-    train_sequences: int,
-    val_sequences: int,
-    min_frames: int,
-    max_frames: int,
-    size: int,
-    phases: int,
-    seed: int,
+    splits: Mapping[str, Iterable[tuple[str, torch.Tensor, list[int]]]],
+    classes: list[str],
     sequences_per_shard: int,
 ) -> Manifest:
-    """Write ``train-NNNNNN.tar``, ``val-NNNNNN.tar`` and ``index.json`` into ``out_dir``."""
+    """Write each split's (key, frames, labels) as ``<split>-NNNNNN.tar`` and ``index.json``."""
     if sequences_per_shard < 1:
         raise ValueError(f"sequences_per_shard={sequences_per_shard}: must be >= 1")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     shards: dict[str, ShardInfo] = {}
-    for split, count in (("train", train_sequences), ("val", val_sequences)):
-        seqs = sequences(
-            split,
-            count,
-            min_frames=min_frames,
-            max_frames=max_frames,
-            size=size,
-            phases=phases,
-            seed=seed,
-        )
+    for split, seqs in splits.items():
         writer: wds.TarWriter | None = None
         name = ""
         for i, (key, frames, labels) in enumerate(seqs):
@@ -169,6 +154,28 @@ def write_synthetic(
             shards[name].frames += len(labels)
         if writer is not None:
             writer.close()
-    manifest = Manifest(classes=[f"phase{p}" for p in range(phases)], shards=shards)
+    manifest = Manifest(classes=classes, shards=shards)
     write_manifest(out_dir / "index.json", manifest)
     return manifest
+
+
+def write_synthetic(
+    out_dir: Path,
+    *,
+    train_sequences: int,
+    val_sequences: int,
+    min_frames: int,
+    max_frames: int,
+    size: int,
+    phases: int,
+    seed: int,
+    sequences_per_shard: int,
+) -> Manifest:
+    """Write ``train-NNNNNN.tar``, ``val-NNNNNN.tar`` and ``index.json`` into ``out_dir``."""
+    make = dict(min_frames=min_frames, max_frames=max_frames, size=size, phases=phases, seed=seed)
+    splits = {
+        split: sequences(split, count, **make)
+        for split, count in (("train", train_sequences), ("val", val_sequences))
+    }
+    classes = [f"phase{p}" for p in range(phases)]
+    return write_shards(out_dir, splits, classes, sequences_per_shard)
