@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from distseq.errors import ConfigError, DataError, TrainingError
-from distseq.launch.agent import exit_with_agent
+from distseq.launch.agent import agent_gone, exit_orphaned, exit_with_agent
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
@@ -64,4 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(prefix + "interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        if agent_gone():  # a peer exited with the agent, and the collective failed first here
+            exit_orphaned()
+        raise
     return 0

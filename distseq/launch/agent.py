@@ -22,25 +22,37 @@ import time
 
 POLL_S = 0.5
 EXIT_ORPHANED = 1
+_agent: int | None = None  # the agent's pid, under torchrun
 
 
 def exit_with_agent() -> None:
     """Under torchrun, exit this process within ``POLL_S`` of its agent's death; else nothing."""
+    global _agent
     if "TORCHELASTIC_RUN_ID" not in os.environ:  # set by torchrun's agent for its workers
         return
-    agent = os.getppid()
+    _agent = os.getppid()
 
     def watch() -> None:
-        while os.getppid() == agent:
+        while not agent_gone():
             time.sleep(POLL_S)
-        rank = os.environ.get("RANK", "?")
-        print(
-            f"distseq: error (rank {rank}): the torchrun agent (pid {agent}) is gone; exiting",
-            file=sys.stderr,
-            flush=True,
-        )
-        # At once, from this thread: the main thread may be stuck in a collective that only
-        # the dead agent's store could finish. A save cut short leaves step_N.tmp, never read.
-        os._exit(EXIT_ORPHANED)
+        exit_orphaned()
 
     threading.Thread(target=watch, name="distseq-agent-watch", daemon=True).start()
+
+
+def agent_gone() -> bool:
+    """Whether this worker's torchrun agent has died. A worker whose peer saw it first fails in a
+    collective (the peer is gone) before its own poll: that error's cause is this."""
+    return _agent is not None and os.getppid() != _agent
+
+
+def exit_orphaned() -> None:
+    rank = os.environ.get("RANK", "?")
+    print(
+        f"distseq: error (rank {rank}): the torchrun agent (pid {_agent}) is gone; exiting",
+        file=sys.stderr,
+        flush=True,
+    )
+    # At once, from any thread: the main thread may be stuck in a collective that only the dead
+    # agent's store could finish. A save cut short leaves step_N.tmp, never read.
+    os._exit(EXIT_ORPHANED)
