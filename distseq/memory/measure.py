@@ -7,8 +7,10 @@ something exact (bytes of tensors) rather than sampling the process (RSS).
 from __future__ import annotations
 
 import os
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -25,10 +27,12 @@ __all__ = ["SavedTensorBytes", "StepCost", "measure_step", "peak_memory"]
 
 
 def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
-    # A wrapper subclass (DTensor, ...) owns no memory itself; its inner tensors do.
+    # A wrapper subclass (DTensor, ...) owns no memory itself; its inner tensors do. torch 2.14's
+    # DTensor names its device mesh among them, which is no tensor.
     if is_traceable_wrapper_subclass(t):
         attrs, _ = t.__tensor_flatten__()
-        return [s for a in attrs for s in _storages(getattr(t, a))]
+        inner = [getattr(t, a) for a in attrs]
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]
     return [t.untyped_storage()]
 
 
@@ -108,6 +112,22 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
     raise ValueError(f"peak_memory: unsupported device {device}")
 
 
+@contextmanager
+def _native_stderr_off() -> Iterator[None]:
+    """File descriptor 2 to /dev/null: kineto writes two "USDT ... profiler_start/stop" lines
+    to it at every start and stop, whatever KINETO_LOG_LEVEL says, which a memory plan's probe
+    would print into a training run's log. Errors still come back as Python exceptions."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _cpu_peak(fn: Callable[[], object]) -> int:
     """Exact CPU peak from the allocation events the profiler records.
 
@@ -143,14 +163,16 @@ def _cpu_peak(fn: Callable[[], object]) -> int:
         _prof._ExperimentalConfig(),
     )
     activities = {_prof.ProfilerActivity.CPU}
-    _ag._prepare_profiler(config, activities)
     # The stubs omit the third (scopes) parameter that the binding has in torch 2.14.
     scopes = {_prof.RecordScope.LITE_INTERPRETER}
-    _ag._enable_profiler(config, activities, scopes)  # type: ignore[call-arg]
+    with _native_stderr_off():
+        _ag._prepare_profiler(config, activities)
+        _ag._enable_profiler(config, activities, scopes)  # type: ignore[call-arg]
     try:
         fn()
     finally:
-        result = _ag._disable_profiler()
+        with _native_stderr_off():
+            result = _ag._disable_profiler()
 
     allocations: list[tuple[int, int, int]] = []  # (time, address, bytes; negative for a free)
     stack = result.experimental_event_tree()
