@@ -6,6 +6,7 @@ is refused where it is loaded: before ``distseq submit`` queues a job, not on th
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -180,15 +181,55 @@ class ModelConfig:
     head: HeadConfig = field(default_factory=HeadConfig)
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_BUDGET_RE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*")
+
+
+def parse_budget(text: str) -> int | float:
+    """``memory.budget`` as bytes (``40GB``, ``512MiB``: an int) or as a fraction of the
+    device's memory (``0.5``: a float in (0, 1])."""
+    match = _BUDGET_RE.fullmatch(text.lower())
+    want = "must be bytes with a unit (40GB, 512MiB) or a fraction of the device in (0, 1]"
+    _check(match is not None, "memory.budget", text, want)
+    assert match is not None
+    number, unit = float(match[1]), match[2]
+    if not unit and "." in match[1]:
+        _check(0 < number <= 1, "memory.budget", text, want)
+        return number
+    _check(unit in _UNITS and unit != "" and number > 0, "memory.budget", text, want)
+    return int(number * _UNITS[unit])
+
+
 @dataclass
 class MemoryConfig:
     recompute: Recompute = Recompute.torch
     chunk_frames: int = 8  # frames per checkpointed backbone chunk
     tbptt_frames: int = 0  # 0: backprop through the whole sequence; N: detach RNN state every N
+    # The last N frames of a sequence hold their CNN activations instead of recomputing them.
+    keep_frames: int = 0
+    # Device memory for a training step ("40GB", or "0.5" of the device): the plan picks
+    # chunk_frames and keep_frames for each T to recompute as little as fits. "": no plan.
+    budget: str = ""
 
     def __post_init__(self) -> None:
         _check(self.chunk_frames >= 1, "memory.chunk_frames", self.chunk_frames, "must be >= 1")
         _check(self.tbptt_frames >= 0, "memory.tbptt_frames", self.tbptt_frames, "must be >= 0")
+        _check(self.keep_frames >= 0, "memory.keep_frames", self.keep_frames, "must be >= 0")
+        if self.budget:
+            parse_budget(self.budget)
+            _check(
+                self.recompute is not Recompute.none,
+                "memory.budget",
+                self.budget,
+                "needs memory.recompute torch or fairscale: with none, nothing is recomputed",
+            )
+            _check(
+                self.keep_frames == 0,
+                "memory.keep_frames",
+                self.keep_frames,
+                "must be 0 with memory.budget: the plan sets it",
+            )
 
 
 @dataclass

@@ -140,6 +140,13 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def from_rank_zero(x: torch.Tensor) -> torch.Tensor:
+    """Rank 0's ``x`` on every rank, in place: one decision (a measured plan) for all."""
+    if dist.is_initialized():
+        dist.broadcast(x, src=0)
+    return x
+
+
 def average_batchnorm_stats(model: nn.Module) -> None:
     """Make every rank's BatchNorm running statistics their mean over the ranks, in place.
 

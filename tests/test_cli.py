@@ -21,6 +21,11 @@ from conftest import tiny_config
         ("model.backbone.weights=/nonexistent.pth", "model.backbone.weights"),
         ("data.train=", "data.train"),  # no shards at all
         ("data.length_buckets=2 data.ordered=true", "data.length_buckets"),  # keys that clash
+        ("memory.budget=40", "memory.budget"),  # no unit
+        ("memory.budget=1GB memory.recompute=none", "memory.budget"),
+        ("memory.budget=1GB memory.keep_frames=8", "memory.keep_frames"),
+        ("memory.budget=0.5", "memory.budget"),  # a fraction of a GPU, on the CPU
+        ("memory.budget=1MB", "memory.budget"),  # below the floor: found by the probe
     ],
 )
 def test_config_errors_name_the_key_and_exit_2(
@@ -30,6 +35,16 @@ def test_config_errors_name_the_key_and_exit_2(
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_budget_plans_the_run_and_says_how(tmp_path: Path, shards: Path) -> None:
+    config = str(tiny_config(tmp_path, shards))
+    proc = distseq("train", config, "memory.budget=1GB", "data.val=", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("memory plan: ")]
+    # 1 GB is far more than plain autograd needs for 8 frames: nothing is recomputed.
+    assert line.startswith("memory plan: T=8 chunk=") and "recompute 0% of forward" in line, line
+    assert "USDT" not in proc.stderr  # the profiler's native chatter during the probe
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

@@ -3,13 +3,17 @@
 Only each chunk's input (a uint8 slice of the sequence, already in memory) and its features
 outlive the chunk's forward; the CNN's inner activations are recomputed chunk by chunk in
 backward. Gradients are those of the plain model (docs/design.md, "Exact gradients").
+
+The chunks of the last ``keep_frames`` frames are not checkpointed: they hold their activations
+from forward to backward. Backward visits the chunks in reverse, so those are consumed and
+freed before the first recompute, and they cost memory only beyond one recomputed chunk's.
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -104,10 +108,15 @@ class ChunkedModel(VideoModel):
         feature_dim: int,
         chunk_frames: int,
         recompute: Recompute,
+        keep_frames: int = 0,
     ) -> None:
         super().__init__(backbone, head, feature_dim)
         self.chunk_frames = chunk_frames
         self.recompute = recompute
+        self.keep_frames = keep_frames
+        # memory.budget: the frames to hold for a T-frame sequence (memory.plan), in place of
+        # keep_frames.
+        self.plan: Callable[[int], int] | None = None
         self._bns = batchnorms(backbone)
         if recompute is Recompute.fairscale:
             _fairscale_bn_hooks(backbone)
@@ -115,8 +124,8 @@ class ChunkedModel(VideoModel):
     def _contexts(self) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
         return nullcontext(), frozen_bn_stats(self._bns)
 
-    def _chunk(self, *chunk: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled() or self.recompute is Recompute.none:
+    def _chunk(self, *chunk: torch.Tensor, held: bool) -> torch.Tensor:
+        if held or not torch.is_grad_enabled() or self.recompute is Recompute.none:
             return super().features(*chunk)
         if self.recompute is Recompute.fairscale:
             from fairscale.nn.checkpoint.checkpoint_activations import _checkpointed_forward
@@ -138,11 +147,13 @@ class ChunkedModel(VideoModel):
         padded = F.pad(mask, (0, -length % k)).view(mask.shape[0], -1, k)
         real = padded.any(2).any(0).tolist()
         dtype = next(self.backbone.parameters()).dtype
+        keep = self.keep_frames if self.plan is None else self.plan(length)
+        held_from = length - keep  # whole chunks from here on hold their activations
         feats = []
         for i, start in enumerate(range(0, length, k)):
             chunk = frames[:, start : start + k], mask[:, start : start + k]
             if real[i]:
-                feats.append(self._chunk(*chunk))
+                feats.append(self._chunk(*chunk, held=start >= held_from))
             else:
                 feats.append(frames.new_zeros((*chunk[1].shape, self.feature_dim), dtype=dtype))
         return torch.cat(feats, dim=1)

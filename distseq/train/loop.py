@@ -31,6 +31,8 @@ from distseq.data.val_stream import val_batches
 from distseq.errors import TrainingError
 from distseq.evaluate.validate import validate
 from distseq.files import write_atomic
+from distseq.memory.chunked import ChunkedModel
+from distseq.memory.plan import Plan, budget_bytes, probe
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.head import Carry
 from distseq.model.video import build_model
@@ -40,6 +42,7 @@ from distseq.parallel import (
     any_rank,
     average_batchnorm_stats,
     close_distributed,
+    from_rank_zero,
     init_distributed,
     parallelize,
 )
@@ -95,6 +98,23 @@ def _val_scores(report: dict[str, Any]) -> dict[str, float]:
     return scores
 
 
+def _plan_memory(
+    cfg: Config, model: torch.nn.Module, chunked: ChunkedModel, classes: int, info: DistInfo
+) -> None:
+    """Probe, agree on rank 0's measurements, refuse a budget that cannot hold data.window
+    frames, and let the plan set the held frames for each T from now on (memory.plan)."""
+    budget = budget_bytes(cfg.memory.budget, info.device)
+    data = cfg.data
+    measured = probe(model, chunked, data.batch_size, data.size, classes, data.window, info.device)
+    agreed = from_rank_zero(Plan(measured, budget).as_tensor().to(info.device))
+    plan = Plan.from_tensor(agreed, budget)
+    plan.check(cfg.data.window)
+    if info.is_main:
+        print(f"memory plan: {plan.describe(cfg.data.window)}", flush=True)
+    chunked.chunk_frames = plan.probe.chunk_frames
+    chunked.plan = plan.held_frames
+
+
 def _silent(text: str) -> None:
     pass
 
@@ -107,11 +127,10 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
 
     manifest = load_manifest(cfg.data)
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
-    model = parallelize(
-        apply_memory_policy(build_model(cfg.model, manifest.num_classes), cfg.memory),
-        cfg.parallel,
-        info,
-    )
+    chunked = apply_memory_policy(build_model(cfg.model, manifest.num_classes), cfg.memory)
+    model = parallelize(chunked, cfg.parallel, info)
+    if cfg.memory.budget:
+        _plan_memory(cfg, model, chunked, manifest.num_classes, info)
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
     checkpoints = out / "checkpoints"

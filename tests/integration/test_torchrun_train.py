@@ -78,3 +78,14 @@ def test_torchrun_fsdp_training_run(tmp_path: Path) -> None:
     for rank in (0, 1):
         share = accuracy(rank, 2)
         assert share[0] / share[1] != pytest.approx(correct / total), (rank, share)
+
+
+def test_a_budget_under_fsdp_is_planned_once_for_both_ranks(tmp_path: Path) -> None:
+    # The probe runs the sharded model on both ranks (its steps are collectives too); rank 0's
+    # measurements become the plan of both, and rank 0 alone says it.
+    config = str(tiny_config(tmp_path, write_stream_shards(tmp_path / "data")))
+    proc = distseq("train", config, "memory.budget=1GB", "data.val=", cwd=tmp_path, torchrun=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plans = [line for line in proc.stdout.splitlines() if line.startswith("memory plan: ")]
+    assert len(plans) == 1 and plans[0].startswith("memory plan: T=8 chunk="), proc.stdout
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step_00000003\n"

@@ -49,6 +49,27 @@ def test_chunked_checkpoint_matches_plain_unchunked(recompute: str) -> None:
 
 
 @pytest.mark.parametrize("recompute", ["torch", "fairscale"])
+@pytest.mark.parametrize("keep", [4, 5, 13])
+def test_held_chunks_give_the_plain_gradients_and_bn_statistics(recompute: str, keep: int) -> None:
+    # T=13, k=4: chunks start at 0, 4, 8, 12. keep=4 holds only the short last chunk (chunk 8
+    # would make 5 frames), 5 holds chunks 8 and 12, 13 holds all.
+    batch = random_batch(2, 13, size=64, lengths=[13, 9])  # BatchNorm of 1 frame needs 2x2
+    ref_model = tiny_model("none", chunk=4, norm="batchnorm")
+    ref, ref_loss = step(ref_model, batch)
+    model = tiny_model(recompute, chunk=4, norm="batchnorm")
+    model.keep_frames = keep
+    recomputed = []
+    model.backbone.register_forward_hook(lambda module, args, out: recomputed.append(len(out)))
+    got, loss = step(model, batch)
+    assert max_rel_error(got, ref) < TOL and abs(loss - ref_loss) < 1e-6
+    ref_buffers = dict(ref_model.named_buffers())
+    for name, buf in model.named_buffers():
+        assert torch.equal(buf, ref_buffers[name]), name
+    held = {4: 1, 5: 2, 13: 4}[keep]  # chunks that are not run again in backward
+    assert len(recomputed) == 4 + (4 - held)
+
+
+@pytest.mark.parametrize("recompute", ["torch", "fairscale"])
 def test_a_chunk_of_padding_alone_costs_nothing(
     recompute: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,7 +1,8 @@
 """One rank of a sharded training step on a fixed global batch, split across the ranks.
 
-argv: mode (fsdp|ddp), micro-batches per step. Writes out_<mode>_<rank>.pt (full parameters
-after the steps, gradients of the first) and reports the losses.
+argv: mode (fsdp|ddp), micro-batches per step, and optionally the frames held whole at the end
+of each sequence (memory.keep_frames). Writes out_<mode>_<rank>.pt (full parameters after the
+steps, gradients of the first) and reports the losses.
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ def global_batch() -> Batch:
 
 def main() -> None:
     mode, accum = sys.argv[1], int(sys.argv[2])
+    keep = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     info = init_distributed()
     cfg = ParallelConfig(mode=ParallelMode(mode))
-    model = parallelize(tiny_model("torch", chunk=4), cfg, info)
+    chunked = tiny_model("torch", chunk=4)
+    chunked.keep_frames = keep
+    model = parallelize(chunked, cfg, info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     glob = global_batch()
     per_rank = 4 // info.world
