@@ -19,6 +19,7 @@ EXIT_FAILURE = 1
 
 
 def _parser() -> argparse.ArgumentParser:
+    from distseq.bench import compare as bench_compare
     from distseq.bench import data as bench_data
     from distseq.bench import memory as bench_memory
     from distseq.checkpoint import export
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="print benchmark numbers")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     bench_memory.add_parser(bench_sub)
+    bench_compare.add_parser(bench_sub)
     bench_data.add_parser(bench_sub)
     return parser
 

@@ -23,7 +23,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-__all__ = ["SavedTensorBytes", "StepCost", "measure_step", "peak_memory"]
+__all__ = ["SavedTensorBytes", "StepCost", "measure_step", "peak_and_seconds", "peak_memory"]
 
 
 def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
@@ -209,7 +209,6 @@ def measure_step(
 ) -> StepCost:
     """One forward and backward of the per-frame loss, as ``bench memory`` measures it:
     exact peak bytes (profiler allocation events on CPU, the allocator's on CUDA)."""
-    device = frames.device
 
     def loss() -> torch.Tensor:
         return F.cross_entropy(model(frames, mask).flatten(0, 1).float(), labels.flatten())
@@ -221,6 +220,13 @@ def measure_step(
     step()  # warm-up: allocator, thread pools, cuDNN autotuning
     with SavedTensorBytes(exclude=model.parameters()) as saved:
         loss()
+    peak, seconds = peak_and_seconds(step, frames.device)
+    return StepCost(peak, saved.bytes, seconds)
+
+
+def peak_and_seconds(step: Callable[[], object], device: torch.device) -> tuple[int, float]:
+    """The peak bytes of ``step()`` (:func:`peak_memory`) and its wall time in a second run
+    without the profiler; the caller has warmed it up."""
     peak = peak_memory(step, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -228,4 +234,4 @@ def measure_step(
     step()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return StepCost(peak, saved.bytes, time.perf_counter() - start)
+    return peak, time.perf_counter() - start

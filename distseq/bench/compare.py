@@ -1,0 +1,308 @@
+"""``distseq bench compare``: one configuration trained one step by each approach people use,
+side by side in one run: memory, time, the bound physics allows, and exactness.
+
+Rows, per T:
+
+- ``plain``: autograd, nothing recomputed;
+- ``per_block``: every CNN block checkpointed (torch's ``apply_activation_checkpointing`` with a
+  per-block policy, what Lightning's, accelerate's and torchtitan's activation checkpointing
+  give), the whole sequence at once;
+- ``tbptt64``: truncated BPTT as the published surgical baselines train it: 64-frame windows, a
+  backward per window, the RNN state carried but detached, nothing recomputed;
+- ``chunked``: distseq at a fixed chunk, every chunk recomputed;
+- ``planner``: distseq under ``memory.budget`` at 25%, 50% and 75% of plain's peak and at
+  tbptt64's.
+
+Peaks and budgets are a step's, as ``bench memory`` measures them: the tensor memory a step
+allocates above what exists before it (the parameters, their AdamW state, the frames; the plan
+adds those to the budget it is given). ``bound_seconds`` is the least
+time an exact step can take at that memory, from the probe's own per-frame forward and backward
+times: T (F + B) + r F, r the frames that cannot be held. ``exact`` compares every gradient with
+plain's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display is needed
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing,
+)
+from torchvision.models.convnext import CNBlock
+from torchvision.models.efficientnet import MBConv
+from torchvision.models.mobilenetv2 import InvertedResidual
+from torchvision.models.resnet import BasicBlock, Bottleneck
+
+from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Recompute
+from distseq.files import write_atomic
+from distseq.memory.chunked import ChunkedModel
+from distseq.memory.measure import peak_and_seconds
+from distseq.memory.plan import Plan, Probe, probe, resident_bytes
+from distseq.memory.policy import apply_memory_policy
+from distseq.model.head import Carry
+from distseq.model.video import build_model
+
+CLASSES = 7
+TBPTT = 64
+SHARES = (0.25, 0.5, 0.75)
+BLOCKS = (BasicBlock, Bottleneck, InvertedResidual, MBConv, CNBlock)
+MIB = 2**20
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Step = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+@dataclass
+class Row:
+    approach: str
+    frames: int
+    budget_bytes: int | None
+    peak_bytes: int | None  # None: the budget is below the floor, nothing ran
+    predicted_peak_bytes: float | None
+    step_seconds: float | None
+    plain_ratio: float | None = None  # step time over plain's
+    bound_seconds: float | None = None
+    bound_ratio: float | None = None  # step time over the bound
+    exact: bool | None = None  # every gradient within 1e-4 of plain's (relative to its largest)
+
+
+@dataclass(frozen=True)
+class Case:
+    backbone: str
+    size: int
+    frames: int
+    chunk: int
+    device: torch.device
+
+    def model(self, recompute: Recompute, chunk: int) -> ChunkedModel:
+        torch.manual_seed(0)
+        cfg = ModelConfig(backbone=BackboneConfig(name=self.backbone), head=HeadConfig())
+        memory = MemoryConfig(recompute=recompute, chunk_frames=chunk)
+        return apply_memory_policy(build_model(cfg, CLASSES), memory).to(self.device)
+
+    def batch(self) -> Batch:
+        g = torch.Generator().manual_seed(0)
+        shape = (1, self.frames, 3, self.size, self.size)
+        x = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(self.device)
+        labels = torch.randint(0, CLASSES, (1, self.frames), generator=g).to(self.device)
+        return x, torch.ones(1, self.frames, dtype=torch.bool, device=self.device), labels
+
+
+def _whole(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, y: torch.Tensor) -> None:
+    loss = F.cross_entropy(model(x, mask).flatten(0, 1).float(), y.flatten())
+    loss.backward()
+
+
+def _windows(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, y: torch.Tensor) -> None:
+    """A backward per window, the state carried detached: the loss is the sequence's mean."""
+    carry = Carry()
+    for start in range(0, x.shape[1], TBPTT):
+        w = slice(start, start + TBPTT)
+        logits = model(x[:, w], mask[:, w], carry).flatten(0, 1).float()
+        (F.cross_entropy(logits, y[:, w].flatten(), reduction="sum") / x.shape[1]).backward()
+
+
+def _grads(model: nn.Module, run: Callable[..., None], batch: Batch) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(
+        1
+    )  # the same dropout draws in every row (MobileNet and EfficientNet have some)
+    run(model, *batch)
+    grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _exact(got: list[torch.Tensor], ref: list[torch.Tensor]) -> bool:
+    return len(got) == len(ref) and all(
+        float((g - r).abs().max() / r.abs().max().clamp_min(1e-12)) < 1e-4
+        for g, r in zip(got, ref, strict=True)
+    )
+
+
+def compare(case: Case) -> tuple[list[Row], Probe, int]:
+    """Every row of one T, measured in this process one after the other; the probe, and the
+    bytes on the device before a step."""
+    batch = case.batch()
+    plain = case.model(Recompute.none, case.frames)
+    before = resident_bytes(plain) + batch[0].numel()  # on the device before any step
+    chunked = case.model(Recompute.torch, case.chunk)
+    measured = probe(chunked, chunked, 1, case.size, CLASSES, case.frames, case.device)
+    reference = _grads(plain, _whole, batch)
+
+    def measure(model: nn.Module, step: Step, approach: str, plan: Plan | None = None) -> Row:
+        exact = _exact(_grads(model, step, batch), reference)
+
+        def once() -> None:
+            step(model, *batch)
+            model.zero_grad(set_to_none=True)
+
+        once()  # warm-up
+        peak, seconds = peak_and_seconds(once, case.device)
+        budget = None if plan is None else plan.budget_bytes - before
+        predicted = None if plan is None else plan.peak_bytes(case.frames) - before
+        return Row(approach, case.frames, budget, peak, predicted, seconds, exact=exact)
+
+    blocks = case.model(Recompute.none, case.frames)
+    apply_activation_checkpointing(blocks, check_fn=lambda m: isinstance(m, BLOCKS))
+    rows = [
+        measure(plain, _whole, "plain"),
+        measure(blocks, _whole, "per_block"),
+        measure(case.model(Recompute.none, case.frames), _windows, "tbptt64"),
+        measure(chunked, _whole, "chunked"),
+    ]
+    plain_peak, tbptt_peak = rows[0].peak_bytes, rows[2].peak_bytes
+    assert plain_peak is not None and tbptt_peak is not None
+    for budget in [int(share * plain_peak) for share in SHARES] + [tbptt_peak]:
+        plan = Plan(measured, before + budget)
+        if plan.peak_bytes(case.frames, held=0) > plan.budget_bytes:  # below the floor
+            rows.append(Row("planner", case.frames, budget, None, None, None))
+            continue
+        model = case.model(Recompute.torch, measured.chunk_frames)
+        model.plan = plan.held_frames
+        rows.append(measure(model, _whole, "planner", plan))
+    for row in rows:
+        if row.peak_bytes is None or row.step_seconds is None:
+            continue
+        assert rows[0].step_seconds is not None
+        row.plain_ratio = row.step_seconds / rows[0].step_seconds
+        at = Plan(measured, before + (row.budget_bytes or row.peak_bytes))
+        if at.peak_bytes(case.frames, held=0) <= at.budget_bytes:
+            row.bound_seconds = at.step_seconds(case.frames)
+            row.bound_ratio = row.step_seconds / row.bound_seconds
+    return rows, measured, before
+
+
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x / MIB:.0f}"
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def table(rows: list[Row], case: Case) -> str:
+    """The rows as a Markdown table."""
+    head = (
+        "| T | approach | budget MiB | peak MiB | predicted MiB | step s | x plain | bound s "
+        "| x bound | exact |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [f"{case.backbone}+LSTM, {case.size} px, batch 1, {case.device}", "", head]
+    for r in rows:
+        exact = "-" if r.exact is None else ("yes" if r.exact else "no")
+        lines.append(
+            f"| {r.frames} | {r.approach} | {_mib(r.budget_bytes)} | {_mib(r.peak_bytes)} "
+            f"| {_mib(r.predicted_peak_bytes)} | {_num(r.step_seconds)} | {_num(r.plain_ratio)} "
+            f"| {_num(r.bound_seconds)} | {_num(r.bound_ratio)} | {exact} |"
+        )
+    return "\n".join(lines)
+
+
+def targets(rows: list[Row]) -> list[str]:
+    """The issue's targets, each with its measured figure, whether met or not."""
+    out = []
+    for frames in sorted({r.frames for r in rows}):
+        at = {r.approach: r for r in rows if r.frames == frames and r.approach != "planner"}
+        planned = [r for r in rows if r.frames == frames and r.approach == "planner"]
+        for r in planned:
+            if r.peak_bytes is None or r.budget_bytes is None:
+                out.append(f"T={frames} budget {_mib(r.budget_bytes)} MiB: below the floor")
+                continue
+            use = r.peak_bytes / r.budget_bytes
+            out.append(
+                f"T={frames} budget {_mib(r.budget_bytes)} MiB: peak {use:.1%} of it "
+                f"({'within' if use <= 1 else 'ABOVE'}), {_num(r.bound_ratio)}x the bound "
+                f"(target <= 1.05), {_num(r.plain_ratio)}x plain"
+            )
+        half, tbptt = planned[1], planned[-1]
+        if half.plain_ratio is not None:
+            out.append(f"T={frames} half of plain's memory: {half.plain_ratio:.2f}x plain (<= 1.2)")
+        if tbptt.step_seconds is not None and at["tbptt64"].step_seconds:
+            ratio = tbptt.step_seconds / at["tbptt64"].step_seconds
+            out.append(f"T={frames} at tbptt64's peak: exact {ratio:.2f}x tbptt64's time")
+    return out
+
+
+def plot(rows: list[Row], case: Case, probes: dict[int, tuple[Probe, int]], path: Path) -> None:
+    """Step time against peak memory, one point per row, the bound as a curve, per T.
+    ``probes``: each T's probe and the bytes on the device before a step."""
+    lengths = sorted({r.frames for r in rows})
+    fig, axes = plt.subplots(1, len(lengths), figsize=(6 * len(lengths), 4.5), squeeze=False)
+    for ax, frames in zip(axes[0], lengths, strict=True):
+        measured, before = probes[frames]
+        plan = Plan(measured, 0)
+        floor, top = plan.peak_bytes(frames, held=0), plan.peak_bytes(frames, held=frames)
+        budgets = [floor + (top - floor) * i / 50 for i in range(51)]
+        ax.plot(
+            [(b - before) / MIB for b in budgets],
+            [Plan(measured, int(b)).step_seconds(frames) for b in budgets],
+            color="0.6",
+            label="bound: T(F+B) + rF",
+        )
+        for r in rows:
+            if r.frames == frames and r.peak_bytes is not None:
+                ax.scatter(r.peak_bytes / MIB, r.step_seconds, zorder=3)
+                label = r.approach if r.budget_bytes is None else f"planner {_mib(r.budget_bytes)}"
+                ax.annotate(
+                    label,
+                    (r.peak_bytes / MIB, r.step_seconds),
+                    fontsize=8,
+                    xytext=(4, 4),
+                    textcoords="offset points",
+                )
+        ax.set(xlabel="peak memory (MiB)", ylabel="step time (s)", title=f"T={frames}")
+        ax.legend(loc="upper right")
+    fig.suptitle(f"{case.backbone}+LSTM, {case.size} px, {case.device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def bench_compare(args: argparse.Namespace) -> list[Row]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    probes: dict[int, tuple[Probe, int]] = {}
+    for frames in args.frames:
+        case = Case(args.backbone, args.size, frames, args.chunk, device)
+        if not args.json:
+            print(f"T={frames}: measuring 8 rows ...", flush=True)
+        got, measured, before = compare(case)
+        probes[frames] = measured, before
+        rows += got
+        if args.json:
+            for row in got:
+                print(json.dumps(asdict(row)), flush=True)
+    text = table(rows, case) + "\n\n" + "\n".join(f"- {t}" for t in targets(rows)) + "\n"
+    write_atomic(out / "compare.md", text.encode())
+    write_atomic(out / "compare.json", json.dumps([asdict(r) for r in rows], indent=1).encode())
+    plot(rows, case, probes, out / "compare.png")
+    if not args.json:
+        print(text + f"\nwrote {out / 'compare.md'}, compare.json and compare.png", flush=True)
+    return rows
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "compare", help="plain, per-block checkpointing, TBPTT-64, chunked, planned: side by side"
+    )
+    p.add_argument("--backbone", default="resnet18")
+    p.add_argument("--size", type=int, default=112)
+    p.add_argument("--frames", type=int, nargs="+", default=[256, 1024], help="T per case")
+    p.add_argument("--chunk", type=int, default=8, help="the chunked row's fixed chunk")
+    p.add_argument("--out", default="runs/bench-compare", help="for compare.md, .json and .png")
+    p.add_argument("--json", action="store_true", help="one JSON record per row")
+    p.set_defaults(run=bench_compare)

@@ -1,0 +1,65 @@
+"""``distseq bench compare`` on a tiny case: every row and column, files a person can open."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.io import decode_png
+
+from distseq.bench.compare import Row
+from distseq.cli import main
+from distseq.memory import plan
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4]
+
+
+def test_every_row_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plan, "CHUNKS", (4,))  # fine granularity in a short sequence
+    # MobileNet: few parameters, so at 32 px a step's memory is mostly activations, as it is for
+    # a ResNet at 224 px; and dropout, which every row must draw alike.
+    argv = ["bench", "compare", "--backbone", "mobilenet_v3_small", "--size", "32"]
+    argv += ["--frames", "96", "--chunk", "4"]
+    assert main([*argv, "--json", "--out", str(tmp_path)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["approach"] for r in rows] == APPROACHES
+    for r in rows:
+        assert set(r) == {f.name for f in fields(Row)} and r["frames"] == 96
+    by = {r["approach"]: r for r in rows[:4]}
+    # Exactness comes from comparing gradients: 96 frames are two 64-frame windows, and only
+    # the truncated gradient differs from plain's.
+    assert {name: r["exact"] for name, r in by.items()} == {
+        "plain": True,
+        "per_block": True,
+        "tbptt64": False,
+        "chunked": True,
+    }
+    assert by["chunked"]["peak_bytes"] < by["plain"]["peak_bytes"]
+    assert by["plain"]["plain_ratio"] == 1.0
+    plain_peak = by["plain"]["peak_bytes"]
+    budgets = [r["budget_bytes"] for r in rows[4:]]
+    assert budgets[:3] == [int(s * plain_peak) for s in (0.25, 0.5, 0.75)]
+    assert budgets[3] == by["tbptt64"]["peak_bytes"]
+    ran = [r for r in rows[4:] if r["peak_bytes"] is not None]
+    assert len(ran) >= 2, rows[4:]
+    for r in ran:
+        assert r["peak_bytes"] <= r["budget_bytes"] and r["exact"] is True
+        assert abs(r["peak_bytes"] - r["predicted_peak_bytes"]) < 0.05 * r["peak_bytes"]
+        assert r["bound_seconds"] > 0 and r["step_seconds"] > 0
+    for r in rows[4:]:
+        if r["peak_bytes"] is None:  # below the floor: nothing ran, nothing made up
+            assert r["step_seconds"] is None and r["exact"] is None
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved == rows
+    table = (tmp_path / "compare.md").read_text()
+    assert table.count("\n| 96 | ") == 8 and "x bound" in table
+    image = decode_png(
+        torch.frombuffer(bytearray((tmp_path / "compare.png").read_bytes()), dtype=torch.uint8)
+    )
+    assert image.shape[1:] == (450, 600) and image[:3].float().std() > 15  # drawn
