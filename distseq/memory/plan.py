@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 import torch
@@ -178,6 +179,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@contextmanager
+def _left_as_it_was(
+    model: nn.Module, chunked: ChunkedModel, device: torch.device
+) -> Iterator[None]:
+    """Put back what probing changes: BatchNorm buffers, the global RNG (dropout draws), the
+    chunking, and the gradients."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        buffers = [b.detach().clone() for b in chunked.buffers()]
+        saved = (chunked.chunk_frames, chunked.keep_frames, chunked.plan)
+        chunked.plan = None
+        try:
+            yield
+        finally:
+            chunked.chunk_frames, chunked.keep_frames, chunked.plan = saved
+            with torch.no_grad():
+                for b, was in zip(chunked.buffers(), buffers, strict=True):
+                    b.copy_(was)
+            model.zero_grad(set_to_none=True)
+
+
 def probe(
     model: nn.Module,
     chunked: ChunkedModel,
@@ -187,55 +208,29 @@ def probe(
     window: int,
     device: torch.device,
 ) -> Probe:
-    """Measure ``model`` (``chunked``, or it wrapped for FSDP/DDP) on random frames, leaving
-    it and the global RNG as they were: the probe's BatchNorm updates and dropout draws are put
-    back, and its gradients are cleared."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        buffers = [b.detach().clone() for b in chunked.buffers()]
-        try:
-            return _probe(model, chunked, batch_size, size, classes, window, device)
-        finally:
-            with torch.no_grad():
-                for b, was in zip(chunked.buffers(), buffers, strict=True):
-                    b.copy_(was)
-            model.zero_grad(set_to_none=True)
-
-
-def _probe(
-    model: nn.Module,
-    chunked: ChunkedModel,
-    batch_size: int,
-    size: int,
-    classes: int,
-    window: int,
-    device: torch.device,
-) -> Probe:
+    """Measure ``model`` (``chunked``, or it wrapped for FSDP/DDP) on random frames, and leave
+    both as they were."""
     g = torch.Generator().manual_seed(0)
 
     def frames(t: int) -> torch.Tensor:
         x = torch.randint(0, 256, (batch_size, t, 3, size, size), generator=g, dtype=torch.uint8)
         return x.to(device)
 
-    saved = (chunked.chunk_frames, chunked.keep_frames, chunked.plan)
-    chunked.plan = None
-    try:
+    def step(t: int, keep: int) -> StepCost:
+        chunked.keep_frames = keep
+        x = frames(t)
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
+        labels = torch.randint(0, classes, x.shape[:2], generator=g).to(device)
+        return measure_step(model, x, mask, labels)
+
+    with _left_as_it_was(model, chunked, device):
         chunked.chunk_frames = max(CHUNKS)  # one chunk per timed sequence
         k = _chunk_size(model, chunked, frames, window)
         chunked.chunk_frames = k
         short, long = 2 * k, 4 * k
-
-        def step(t: int, keep: int) -> StepCost:
-            chunked.keep_frames = keep
-            x = frames(t)
-            mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
-            labels = torch.randint(0, classes, x.shape[:2], generator=g).to(device)
-            return measure_step(model, x, mask, labels)
-
         recomputed_short = step(short, 0)
         recomputed = step(long, 0)
         plain = step(long, long)
-    finally:
-        chunked.chunk_frames, chunked.keep_frames, chunked.plan = saved
     in_step = (recomputed.peak_bytes - recomputed_short.peak_bytes) / (long - short)
     # What autograd saves outside recompute, exactly: a held frame adds its CNN's saved tensors.
     activation = max(0.0, (plain.saved_bytes - recomputed.saved_bytes) / long)
