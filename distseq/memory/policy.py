@@ -13,4 +13,6 @@ def apply_memory_policy(model: VideoModel, cfg: MemoryConfig) -> ChunkedModel:
     head = model.head
     if cfg.tbptt_frames:
         head = TruncatedHead(head.rnn, head.classifier, head.dropout.p, cfg.tbptt_frames)
-    return ChunkedModel(model.backbone, head, model.feature_dim, cfg.chunk_frames, cfg.recompute)
+    return ChunkedModel(
+        model.backbone, head, model.feature_dim, cfg.chunk_frames, cfg.recompute, cfg.keep_frames
+    )

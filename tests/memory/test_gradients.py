@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from conftest import random_batch, tiny_model
-from distseq.config import MemoryConfig
+from distseq.config import MemoryConfig, Recompute
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
 from distseq.memory import chunked
@@ -56,8 +56,8 @@ def test_held_chunks_give_the_plain_gradients_and_bn_statistics(recompute: str, 
     batch = random_batch(2, 13, size=64, lengths=[13, 9])  # BatchNorm of 1 frame needs 2x2
     ref_model = tiny_model("none", chunk=4, norm="batchnorm")
     ref, ref_loss = step(ref_model, batch)
-    model = tiny_model(recompute, chunk=4, norm="batchnorm")
-    model.keep_frames = keep
+    memory = MemoryConfig(recompute=Recompute(recompute), chunk_frames=4, keep_frames=keep)
+    model = apply_memory_policy(tiny_model("none", chunk=4, norm="batchnorm"), memory)
     recomputed = []
     model.backbone.register_forward_hook(lambda module, args, out: recomputed.append(len(out)))
     got, loss = step(model, batch)
