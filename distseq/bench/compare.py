@@ -114,11 +114,10 @@ def _windows(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, y: torch.Ten
         (F.cross_entropy(logits, y[:, w].flatten(), reduction="sum") / x.shape[1]).backward()
 
 
-def _grads(model: nn.Module, run: Callable[..., None], batch: Batch) -> list[torch.Tensor]:
+def _grads(model: nn.Module, run: Step, batch: Batch) -> list[torch.Tensor]:
     model.zero_grad(set_to_none=True)
-    torch.manual_seed(
-        1
-    )  # the same dropout draws in every row (MobileNet and EfficientNet have some)
+    # The same dropout draws in every row: MobileNet and EfficientNet keep some.
+    torch.manual_seed(1)
     run(model, *batch)
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
