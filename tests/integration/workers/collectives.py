@@ -1,5 +1,6 @@
-"""One rank counting the collectives of one training step, at T/k = 1 and 8, with the model
-sharded as distseq shards it and, for contrast, with each ResNet stage a unit of its own."""
+"""One rank counting the collectives of one training step, at T/k = 1 and 8 (and 8 with half
+the chunks held, as a memory plan holds them), with the model sharded as distseq shards it and,
+for contrast, with each ResNet stage a unit of its own."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from distseq.train.step import clip_grad_norm, train_step
 T = 16
 
 
-def one_step(info: DistInfo, chunk: int, per_stage: bool = False) -> dict[str, object]:
+def one_step(
+    info: DistInfo, chunk: int, per_stage: bool = False, keep: int = 0
+) -> dict[str, object]:
     batch = random_batch(1, T, seed=info.rank)
     model = tiny_model("torch", chunk=chunk)
+    model.keep_frames = keep
     if per_stage:  # the wrapping docs/design.md warns about: units inside the chunk loop
         for stage in ("layer1", "layer2", "layer3", "layer4"):
             fully_shard(model.backbone.get_submodule(stage))
@@ -38,6 +42,7 @@ def main() -> None:
         {
             "k=T": one_step(info, T),
             "k=T/8": one_step(info, T // 8),
+            "k=T/8 half held": one_step(info, T // 8, keep=T // 2),
             "per_stage k=T": one_step(info, T, per_stage=True),
             "per_stage k=T/8": one_step(info, T // 8, per_stage=True),
         }
