@@ -40,6 +40,13 @@ class Recompute(str, Enum):
     none = "none"  # keep every activation: the plain model's memory
 
 
+class Offload(str, Enum):
+    """What a training step keeps in host memory instead of on the device."""
+
+    none = "none"
+    frames = "frames"  # the uint8 frames; each chunk is copied in for its forward and recompute
+
+
 class ParallelMode(str, Enum):
     fsdp = "fsdp"
     ddp = "ddp"
@@ -208,6 +215,7 @@ class MemoryConfig:
     tbptt_frames: int = 0  # 0: backprop through the whole sequence; N: detach RNN state every N
     # The last N frames of a sequence hold their CNN activations instead of recomputing them.
     keep_frames: int = 0
+    offload: Offload = Offload.none
     # Device memory for a training step ("40GB", or "0.5" of the device): the plan picks
     # chunk_frames and keep_frames for each T to recompute as little as fits. "": no plan.
     budget: str = ""

@@ -39,8 +39,11 @@ def test_config_errors_name_the_key_and_exit_2(
 
 def test_a_budget_plans_the_run_and_says_how(tmp_path: Path, shards: Path) -> None:
     config = str(tiny_config(tmp_path, shards))
-    proc = distseq("train", config, "memory.budget=1GB", "data.val=", cwd=tmp_path)
+    argv = ["memory.budget=1GB", "memory.offload=frames", "data.val="]
+    proc = distseq("train", config, *argv, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # 2 sequences of 8 frames at 32 px, 3 bytes a pixel
+    assert "memory.offload=frames: up to 0.0492 MB of frames in host memory" in proc.stdout
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("memory plan: ")]
     # 1 GB is far more than plain autograd needs for 8 frames: nothing is recomputed.
     assert line.startswith("memory plan: T=8 chunk=") and "recompute 0% of forward" in line, line

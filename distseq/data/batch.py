@@ -46,8 +46,16 @@ class Batch:
             starts=fn(self.starts),
         )
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+    def to(
+        self, device: torch.device, non_blocking: bool = False, frames_on_host: bool = False
+    ) -> Batch:
+        """On ``device``; with ``frames_on_host`` (memory.offload=frames) the frames stay in host
+        memory, pinned for fast copies when the device is a GPU."""
+        moved = self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        if frames_on_host:
+            on_host = self.frames.pin_memory() if device.type == "cuda" else self.frames
+            moved = replace(moved, frames=on_host)
+        return moved
 
     def pin_memory(self) -> Batch:  # called by DataLoader(pin_memory=True)
         return self._map(torch.Tensor.pin_memory)

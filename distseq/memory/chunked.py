@@ -93,6 +93,11 @@ def _fairscale_bn_hooks(backbone: nn.Module) -> None:
         bn.register_forward_hook(leave)
 
 
+def to_device(frames: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A chunk's frames on ``device``; a no-op where they are already there."""
+    return frames.to(device, non_blocking=True)
+
+
 class ChunkedModel(VideoModel):
     """A :class:`VideoModel` whose backbone runs ``chunk_frames`` frames at a time, each chunk
     recomputed in backward; the same modules under the same names.
@@ -124,9 +129,15 @@ class ChunkedModel(VideoModel):
     def _contexts(self) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
         return nullcontext(), frozen_bn_stats(self._bns)
 
+    def _chunk_features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One chunk's features. Its frames come to the mask's device here, inside what is
+        checkpointed: frames kept in host memory (memory.offload) are copied in for the forward
+        and again for the recompute, and no device copy outlives either."""
+        return VideoModel.features(self, to_device(frames, mask.device), mask)
+
     def _chunk(self, *chunk: torch.Tensor, held: bool) -> torch.Tensor:
         if held or not torch.is_grad_enabled() or self.recompute is Recompute.none:
-            return super().features(*chunk)
+            return self._chunk_features(*chunk)
         if self.recompute is Recompute.fairscale:
             from fairscale.nn.checkpoint.checkpoint_activations import _checkpointed_forward
 
@@ -134,10 +145,14 @@ class ChunkedModel(VideoModel):
             # chunk: wrapping this module would checkpoint the whole chunk loop as one, and
             # wrapping the backbone would keep each chunk's float input, 4x its uint8 frames.
             # It takes this module's parameters to decide that the output needs a gradient.
-            return _checkpointed_forward(VideoModel.features, weakref.ref(self), False, *chunk)
+            return _checkpointed_forward(
+                ChunkedModel._chunk_features, weakref.ref(self), False, *chunk
+            )
         # Non-reentrant on purpose: reentrant checkpointing gives the CNN no gradients (only a
         # warning) when the frames do not require grad, which they never do.
-        return checkpoint(super().features, *chunk, use_reentrant=False, context_fn=self._contexts)
+        return checkpoint(
+            self._chunk_features, *chunk, use_reentrant=False, context_fn=self._contexts
+        )
 
     def features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         k, length = self.chunk_frames, frames.shape[1]
@@ -155,5 +170,5 @@ class ChunkedModel(VideoModel):
             if real[i]:
                 feats.append(self._chunk(*chunk, held=start >= held_from))
             else:
-                feats.append(frames.new_zeros((*chunk[1].shape, self.feature_dim), dtype=dtype))
+                feats.append(mask.new_zeros((*chunk[1].shape, self.feature_dim), dtype=dtype))
         return torch.cat(feats, dim=1)

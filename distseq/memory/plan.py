@@ -95,10 +95,10 @@ class Plan:
         largest = int(room // p.per_frame_bytes)
         window = f"data.window <= {largest}, " if largest >= 1 else ""
         raise ConfigError(
-            f"config key memory.budget: {_size(self.budget_bytes)} is below the "
-            f"{_size(floor)} that T={frames} needs with every chunk of {p.chunk_frames} "
+            f"config key memory.budget: {format_size(self.budget_bytes)} is below the "
+            f"{format_size(floor)} that T={frames} needs with every chunk of {p.chunk_frames} "
             f"recomputed; fits: {window}a larger budget, or more ranks under FSDP "
-            f"(parameters and optimizer state: {_size(p.fixed_bytes)} here)"
+            f"(parameters and optimizer state: {format_size(p.fixed_bytes)} here)"
         )
 
     def as_tensor(self) -> torch.Tensor:
@@ -120,12 +120,13 @@ class Plan:
         recompute = 1 - self.held_frames(frames) / frames
         return (
             f"T={frames} chunk={k}: {held}/{chunks} chunks kept; predicted peak "
-            f"{_size(self.peak_bytes(frames))} of {_size(self.budget_bytes)}, "
+            f"{format_size(self.peak_bytes(frames))} of {format_size(self.budget_bytes)}, "
             f"recompute {recompute:.0%} of forward FLOPs"
         )
 
 
-def _size(nbytes: float) -> str:
+def format_size(nbytes: float) -> str:
+    """Bytes for people: GB from 0.1 GB up, else MB."""
     return f"{nbytes / GB:.3g} GB" if nbytes >= GB / 10 else f"{nbytes / 10**6:.3g} MB"
 
 
@@ -207,13 +208,17 @@ def probe(
     classes: int,
     window: int,
     device: torch.device,
+    frames_on_host: bool = False,
 ) -> Probe:
     """Measure ``model`` (``chunked``, or it wrapped for FSDP/DDP) on random frames, and leave
-    both as they were."""
+    both as they were. ``frames_on_host``: memory.offload=frames, the frames stay in (pinned)
+    host memory and cost the device nothing per frame."""
     g = torch.Generator().manual_seed(0)
 
     def frames(t: int) -> torch.Tensor:
         x = torch.randint(0, 256, (batch_size, t, 3, size, size), generator=g, dtype=torch.uint8)
+        if frames_on_host:
+            return x.pin_memory() if device.type == "cuda" else x
         return x.to(device)
 
     def step(t: int, keep: int) -> StepCost:
@@ -238,8 +243,9 @@ def probe(
     return Probe(
         chunk_frames=k,
         fixed_bytes=resident_bytes(model),
-        # The frames are on the device before a step begins: its peak does not count them.
-        per_frame_bytes=in_step + batch_size * 3 * size * size,
+        # The frames are on the device before a step begins, so its peak does not count them,
+        # unless they are kept in host memory.
+        per_frame_bytes=in_step + (0 if frames_on_host else batch_size * 3 * size * size),
         recompute_bytes=recomputed.peak_bytes - long * in_step,
         held_base_bytes=plain.peak_bytes - long * in_step - long * activation,
         activation_bytes=activation,

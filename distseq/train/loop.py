@@ -23,7 +23,7 @@ from distseq.checkpoint.sharded import (
     restore_rng,
     save_checkpoint,
 )
-from distseq.config import Config, to_yaml
+from distseq.config import Config, Offload, to_yaml
 from distseq.data.batch import Batch
 from distseq.data.format import load_manifest
 from distseq.data.train_stream import train_batches
@@ -32,7 +32,7 @@ from distseq.errors import TrainingError
 from distseq.evaluate.validate import validate
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
-from distseq.memory.plan import Plan, budget_bytes, probe
+from distseq.memory.plan import Plan, budget_bytes, format_size, probe
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.head import Carry
 from distseq.model.video import build_model
@@ -52,8 +52,10 @@ from distseq.train.signals import Interrupted
 from distseq.train.step import check_every_parameter_has_grad, clip_grad_norm, train_step
 
 
-def _micro_batches(stream: Iterator[Batch], n: int, device: torch.device) -> list[Batch]:
-    return [next(stream).to(device) for _ in range(n)]
+def _micro_batches(
+    stream: Iterator[Batch], n: int, device: torch.device, frames_on_host: bool
+) -> list[Batch]:
+    return [next(stream).to(device, frames_on_host=frames_on_host) for _ in range(n)]
 
 
 def _carries(cfg: Config, saved: RankState, device: torch.device) -> dict[int, Carry] | None:
@@ -104,8 +106,10 @@ def _plan_memory(
     """Probe, agree on rank 0's measurements, refuse a budget that cannot hold data.window
     frames, and let the plan set the held frames for each T from now on (memory.plan)."""
     budget = budget_bytes(cfg.memory.budget, info.device)
-    data = cfg.data
-    measured = probe(model, chunked, data.batch_size, data.size, classes, data.window, info.device)
+    data, on_host = cfg.data, cfg.memory.offload is Offload.frames
+    measured = probe(
+        model, chunked, data.batch_size, data.size, classes, data.window, info.device, on_host
+    )
     agreed = from_rank_zero(Plan(measured, budget).as_tensor().to(info.device))
     plan = Plan.from_tensor(agreed, budget)
     plan.check(cfg.data.window)
@@ -160,6 +164,11 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
         restore_rng(resumed, saved)
     skipped, carries = saved.skipped, _carries(cfg, saved, info.device)
 
+    offload = cfg.memory.offload is Offload.frames
+    if offload and info.is_main:
+        data = cfg.data
+        host = data.batch_size * cfg.optim.accum_steps * data.window * 3 * data.size**2
+        print(f"memory.offload=frames: up to {format_size(host)} of frames in host memory")
     first = position.step + 1
     # Redraws are for terminals; in a log file each one is a line, so write one every 30 s. The
     # bar closes on any error too, so that the error is printed on a line of its own.
@@ -179,7 +188,7 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
         say = bar.write if info.is_main else _silent
         for step in range(first, last_step + 1):
             asked = time.perf_counter()
-            batches = _micro_batches(stream, cfg.optim.accum_steps, info.device)
+            batches = _micro_batches(stream, cfg.optim.accum_steps, info.device, offload)
             start = time.perf_counter()
             loss, real_frames = train_step(model, optimizer, batches, info.world, carries)
             if step == first:

@@ -70,6 +70,41 @@ def test_held_chunks_give_the_plain_gradients_and_bn_statistics(recompute: str, 
 
 
 @pytest.mark.parametrize("recompute", ["torch", "fairscale"])
+def test_offloaded_frames_come_in_per_chunk_for_forward_and_recompute(
+    recompute: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # memory.offload=frames: the sequence's frames stay where the loader put them; each chunk's
+    # slice is copied to the device inside the checkpoint, so once for its forward and once
+    # more for its recompute, and held chunks once. (On the CPU the copy is a no-op; what is
+    # counted is where it happens.)
+    batch = random_batch(2, 13, lengths=[13, 9]).to(torch.device("cpu"), frames_on_host=True)
+    ref, _ = step(tiny_model("none", chunk=1000), batch)
+    memory = MemoryConfig(recompute=Recompute(recompute), chunk_frames=4, keep_frames=5)
+    model = apply_memory_policy(tiny_model("none"), memory)
+    copies = []
+    real = chunked.to_device
+
+    def spy(frames: torch.Tensor, device: torch.device) -> torch.Tensor:
+        # a view of the host frames, never a copy of the whole sequence made beforehand
+        assert frames.untyped_storage().data_ptr() == batch.frames.untyped_storage().data_ptr()
+        copies.append(frames.shape[1])
+        return real(frames, device)
+
+    monkeypatch.setattr(chunked, "to_device", spy)
+    got, _ = step(model, batch)
+    assert max_rel_error(got, ref) < TOL
+    # Chunks 0 and 4 are recomputed (4 frames each, twice); chunks 8 and 12 are held.
+    assert sorted(copies) == sorted([4, 4, 4, 1, 4, 4])
+
+
+def test_a_batch_keeps_its_frames_on_the_host_when_asked() -> None:
+    batch = random_batch(1, 4)
+    moved = batch.to(torch.device("meta"), frames_on_host=True)
+    assert moved.frames is batch.frames and moved.mask.is_meta and moved.labels.is_meta
+    assert batch.to(torch.device("meta")).frames.is_meta
+
+
+@pytest.mark.parametrize("recompute", ["torch", "fairscale"])
 def test_a_chunk_of_padding_alone_costs_nothing(
     recompute: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -77,3 +77,12 @@ def test_a_fraction_of_the_device_needs_a_gpu() -> None:
     assert budget_bytes("2GB", CPU) == 2 * 10**9
     with pytest.raises(ConfigError, match=r"memory\.budget='0\.5': a fraction is of a GPU"):
         budget_bytes("0.5", CPU)
+
+
+def test_offloaded_frames_cost_the_device_nothing_per_frame() -> None:
+    model = tiny_model("torch", chunk=8)
+    on_device = probe(model, model, 1, SIZE, 3, T, CPU)
+    on_host = probe(model, model, 1, SIZE, 3, T, CPU, frames_on_host=True)
+    # On the CPU the step itself is the same; the plan stops counting the uint8 frames.
+    assert on_device.per_frame_bytes - on_host.per_frame_bytes == 3 * SIZE * SIZE
+    assert Plan(on_host, 10**9).peak_bytes(T) < Plan(on_device, 10**9).peak_bytes(T)
