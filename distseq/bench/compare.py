@@ -11,7 +11,8 @@ Rows, per T:
   backward per window, the RNN state carried but detached, nothing recomputed;
 - ``chunked``: distseq at a fixed chunk, every chunk recomputed;
 - ``planner``: distseq under ``memory.budget`` at 25%, 50% and 75% of plain's peak and at
-  tbptt64's.
+  tbptt64's;
+- ``planner_offload``: the planner at 50% with ``memory.offload=frames``.
 
 Peaks and budgets are a step's, as ``bench memory`` measures them: the tensor memory a step
 allocates above what exists before it (the parameters, their AdamW state, the frames; the plan
@@ -141,18 +142,29 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     measured = probe(chunked, chunked, 1, case.size, CLASSES, case.frames, case.device)
     reference = _grads(plain, _whole, batch)
 
-    def measure(model: nn.Module, step: Step, approach: str, plan: Plan | None = None) -> Row:
-        exact = _exact(_grads(model, step, batch), reference)
+    def measure(
+        model: nn.Module, step: Step, approach: str, plan: Plan | None = None, data: Batch = batch
+    ) -> Row:
+        exact = _exact(_grads(model, step, data), reference)
 
         def once() -> None:
-            step(model, *batch)
+            step(model, *data)
             model.zero_grad(set_to_none=True)
 
         once()  # warm-up
         peak, seconds = peak_and_seconds(once, case.device)
-        budget = None if plan is None else plan.budget_bytes - before
-        predicted = None if plan is None else plan.peak_bytes(case.frames) - before
+        base = before if data is batch else before - batch[0].numel()  # offloaded: no frames
+        budget = None if plan is None else plan.budget_bytes - base
+        predicted = None if plan is None else plan.peak_bytes(case.frames) - base
         return Row(approach, case.frames, budget, peak, predicted, seconds, exact=exact)
+
+    def planned(approach: str, plan: Plan, data: Batch = batch) -> Row:
+        if plan.peak_bytes(case.frames, held=0) > plan.budget_bytes:  # below the floor
+            base = before if data is batch else before - batch[0].numel()
+            return Row(approach, case.frames, plan.budget_bytes - base, None, None, None)
+        model = case.model(Recompute.torch, plan.probe.chunk_frames)
+        model.plan = plan.held_frames
+        return measure(model, _whole, approach, plan, data)
 
     blocks = case.model(Recompute.none, case.frames)
     apply_activation_checkpointing(blocks, check_fn=lambda m: isinstance(m, BLOCKS))
@@ -165,13 +177,13 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     plain_peak, tbptt_peak = rows[0].peak_bytes, rows[2].peak_bytes
     assert plain_peak is not None and tbptt_peak is not None
     for budget in [int(share * plain_peak) for share in SHARES] + [tbptt_peak]:
-        plan = Plan(measured, before + budget)
-        if plan.peak_bytes(case.frames, held=0) > plan.budget_bytes:  # below the floor
-            rows.append(Row("planner", case.frames, budget, None, None, None))
-            continue
-        model = case.model(Recompute.torch, measured.chunk_frames)
-        model.plan = plan.held_frames
-        rows.append(measure(model, _whole, "planner", plan))
+        rows.append(planned("planner", Plan(measured, before + budget)))
+    # Frame offload at half of plain's peak: the frames leave the device, so the same step
+    # budget is over a device that holds no frames (on the CPU, host and device are one).
+    frames = batch[0].pin_memory() if case.device.type == "cuda" else batch[0]
+    on_host = probe(chunked, chunked, 1, case.size, CLASSES, case.frames, case.device, True)
+    half = before - batch[0].numel() + int(SHARES[1] * plain_peak)
+    rows.append(planned("planner_offload", Plan(on_host, half), (frames, *batch[1:])))
     for row in rows:
         if row.peak_bytes is None or row.step_seconds is None:
             continue
@@ -215,13 +227,14 @@ def targets(rows: list[Row]) -> list[str]:
     for frames in sorted({r.frames for r in rows}):
         at = {r.approach: r for r in rows if r.frames == frames and r.approach != "planner"}
         planned = [r for r in rows if r.frames == frames and r.approach == "planner"]
-        for r in planned:
+        offloaded = [r for r in rows if r.frames == frames and r.approach == "planner_offload"]
+        for r in planned + offloaded:
             if r.peak_bytes is None or r.budget_bytes is None:
-                out.append(f"T={frames} budget {_mib(r.budget_bytes)} MiB: below the floor")
+                out.append(f"T={frames} {r.approach} {_mib(r.budget_bytes)} MiB: below the floor")
                 continue
             use = r.peak_bytes / r.budget_bytes
             out.append(
-                f"T={frames} budget {_mib(r.budget_bytes)} MiB: peak {use:.1%} of it "
+                f"T={frames} {r.approach} {_mib(r.budget_bytes)} MiB: peak {use:.1%} of it "
                 f"({'within' if use <= 1 else 'ABOVE'}), {_num(r.bound_ratio)}x the bound "
                 f"(target <= 1.05), {_num(r.plain_ratio)}x plain"
             )
@@ -253,7 +266,8 @@ def plot(rows: list[Row], case: Case, probes: dict[int, tuple[Probe, int]], path
         for r in rows:
             if r.frames == frames and r.peak_bytes is not None:
                 ax.scatter(r.peak_bytes / MIB, r.step_seconds, zorder=3)
-                label = r.approach if r.budget_bytes is None else f"planner {_mib(r.budget_bytes)}"
+                budget = "" if r.budget_bytes is None else f" {_mib(r.budget_bytes)}"
+                label = r.approach + budget
                 ax.annotate(
                     label,
                     (r.peak_bytes / MIB, r.step_seconds),
@@ -278,7 +292,7 @@ def bench_compare(args: argparse.Namespace) -> list[Row]:
     for frames in args.frames:
         case = Case(args.backbone, args.size, frames, args.chunk, device)
         if not args.json:
-            print(f"T={frames}: measuring 8 rows ...", flush=True)
+            print(f"T={frames}: measuring 9 rows ...", flush=True)
         got, measured, before = compare(case)
         probes[frames] = measured, before
         rows += got

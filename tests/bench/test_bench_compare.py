@@ -15,7 +15,7 @@ from distseq.cli import main
 from distseq.memory import plan
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4]
+APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4, "planner_offload"]
 
 
 def test_every_row_and_column(
@@ -45,7 +45,7 @@ def test_every_row_and_column(
     plain_peak = by["plain"]["peak_bytes"]
     budgets = [r["budget_bytes"] for r in rows[4:]]
     assert budgets[:3] == [int(s * plain_peak) for s in (0.25, 0.5, 0.75)]
-    assert budgets[3] == by["tbptt64"]["peak_bytes"]
+    assert budgets[3] == by["tbptt64"]["peak_bytes"] and budgets[4] == budgets[1]
     ran = [r for r in rows[4:] if r["peak_bytes"] is not None]
     assert len(ran) >= 2, rows[4:]
     for r in ran:
@@ -58,7 +58,7 @@ def test_every_row_and_column(
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert saved == rows
     table = (tmp_path / "compare.md").read_text()
-    assert table.count("\n| 96 | ") == 8 and "x bound" in table
+    assert table.count("\n| 96 | ") == 9 and "x bound" in table
     image = decode_png(
         torch.frombuffer(bytearray((tmp_path / "compare.png").read_bytes()), dtype=torch.uint8)
     )
