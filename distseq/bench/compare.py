@@ -45,6 +45,7 @@ from torchvision.models.efficientnet import MBConv
 from torchvision.models.mobilenetv2 import InvertedResidual
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
+from distseq.bench.memory import floor_bytes
 from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Recompute
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
@@ -77,6 +78,9 @@ class Row:
     bound_seconds: float | None = None
     bound_ratio: float | None = None  # step time over the bound
     exact: bool | None = None  # every gradient within 1e-4 of plain's (relative to its largest)
+    # chunked: what chunking cannot avoid (bench memory's floor), and the parameter gradients
+    floor_bytes: int | None = None
+    gradient_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,8 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
         measure(case.model(Recompute.none, case.frames), _windows, "tbptt64"),
         measure(chunked, _whole, "chunked"),
     ]
+    rows[3].floor_bytes = floor_bytes(case.backbone, chunked, batch[0], batch[1], case.chunk)
+    rows[3].gradient_bytes = sum(p.numel() * p.element_size() for p in chunked.parameters())
     plain_peak, tbptt_peak = rows[0].peak_bytes, rows[2].peak_bytes
     assert plain_peak is not None and tbptt_peak is not None
     for budget in [int(share * plain_peak) for share in SHARES] + [tbptt_peak]:
@@ -244,6 +250,13 @@ def targets(rows: list[Row]) -> list[str]:
         if tbptt.step_seconds is not None and at["tbptt64"].step_seconds:
             ratio = tbptt.step_seconds / at["tbptt64"].step_seconds
             out.append(f"T={frames} at tbptt64's peak: exact {ratio:.2f}x tbptt64's time")
+        chunked = at["chunked"]
+        if chunked.peak_bytes and chunked.floor_bytes and chunked.gradient_bytes is not None:
+            ratio = (chunked.peak_bytes - chunked.gradient_bytes) / chunked.floor_bytes
+            out.append(
+                f"T={frames} floor: chunked peak less parameter gradients "
+                f"{ratio:.2f}x the floor, {_mib(chunked.floor_bytes)} MiB (<= 1.25)"
+            )
     return out
 
 

@@ -27,7 +27,7 @@ def _model_config(backbone: str) -> ModelConfig:
     )
 
 
-def _floor_bytes(
+def floor_bytes(
     backbone: str, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor, chunk: int
 ) -> int:
     """What chunking cannot avoid, measured: the features and the RNN's saved state over all
@@ -70,7 +70,7 @@ def bench_case(
     mask = torch.ones(1, frames, dtype=torch.bool, device=device)
     labels = torch.randint(0, CLASSES, (1, frames), generator=g).to(device)
     cost = measure_step(model, x, mask, labels)
-    floor = _floor_bytes(backbone, model, x, mask, chunk)
+    floor = floor_bytes(backbone, model, x, mask, chunk)
     return Record(
         backbone,
         recompute.value,

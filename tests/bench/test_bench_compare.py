@@ -41,6 +41,9 @@ def test_every_row_and_column(
         "chunked": True,
     }
     assert by["chunked"]["peak_bytes"] < by["plain"]["peak_bytes"]
+    chunked = by["chunked"]
+    assert 0 < chunked["floor_bytes"] < chunked["peak_bytes"] - chunked["gradient_bytes"]
+    assert all(r["floor_bytes"] is None for r in rows if r["approach"] != "chunked")
     assert by["plain"]["plain_ratio"] == 1.0
     plain_peak = by["plain"]["peak_bytes"]
     budgets = [r["budget_bytes"] for r in rows[4:]]
