@@ -45,21 +45,17 @@ from torchvision.models.efficientnet import MBConv
 from torchvision.models.mobilenetv2 import InvertedResidual
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from distseq.bench.memory import floor_bytes
-from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Recompute
+from distseq.bench.memory import CLASSES, MIB, bench_model, floor_bytes, random_sequence
+from distseq.config import Recompute
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import peak_and_seconds
 from distseq.memory.plan import Plan, Probe, probe, resident_bytes
-from distseq.memory.policy import apply_memory_policy
 from distseq.model.head import Carry
-from distseq.model.video import build_model
 
-CLASSES = 7
 TBPTT = 64
 SHARES = (0.25, 0.5, 0.75)
 BLOCKS = (BasicBlock, Bottleneck, InvertedResidual, MBConv, CNBlock)
-MIB = 2**20
 
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -92,17 +88,10 @@ class Case:
     device: torch.device
 
     def model(self, recompute: Recompute, chunk: int) -> ChunkedModel:
-        torch.manual_seed(0)
-        cfg = ModelConfig(backbone=BackboneConfig(name=self.backbone), head=HeadConfig())
-        memory = MemoryConfig(recompute=recompute, chunk_frames=chunk)
-        return apply_memory_policy(build_model(cfg, CLASSES), memory).to(self.device)
+        return bench_model(self.backbone, recompute, chunk, self.device)
 
     def batch(self) -> Batch:
-        g = torch.Generator().manual_seed(0)
-        shape = (1, self.frames, 3, self.size, self.size)
-        x = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(self.device)
-        labels = torch.randint(0, CLASSES, (1, self.frames), generator=g).to(self.device)
-        return x, torch.ones(1, self.frames, dtype=torch.bool, device=self.device), labels
+        return random_sequence(self.frames, self.size, self.device)
 
 
 def _whole(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, y: torch.Tensor) -> None:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Norm, Recompute
+from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import SavedTensorBytes, measure_step
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.video import VideoModel, build_model
@@ -25,6 +26,25 @@ def _model_config(backbone: str) -> ModelConfig:
     return ModelConfig(
         backbone=BackboneConfig(name=backbone, norm=Norm.groupnorm), head=HeadConfig()
     )
+
+
+def bench_model(
+    backbone: str, recompute: Recompute, chunk: int, device: torch.device
+) -> ChunkedModel:
+    """``backbone`` + LSTM as the benchmarks run it, the same parameters every time."""
+    torch.manual_seed(0)
+    memory = MemoryConfig(recompute=recompute, chunk_frames=chunk)
+    return apply_memory_policy(build_model(_model_config(backbone), CLASSES), memory).to(device)
+
+
+def random_sequence(
+    frames: int, size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sequence of random frames, its mask and labels, the same every time."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (1, frames, 3, size, size), generator=g, dtype=torch.uint8).to(device)
+    mask = torch.ones(1, frames, dtype=torch.bool, device=device)
+    return x, mask, torch.randint(0, CLASSES, (1, frames), generator=g).to(device)
 
 
 def floor_bytes(
@@ -60,15 +80,8 @@ class Record:
 def bench_case(
     backbone: str, recompute: Recompute, frames: int, size: int, chunk: int, device: torch.device
 ) -> Record:
-    torch.manual_seed(0)
-    model = apply_memory_policy(
-        build_model(_model_config(backbone), CLASSES),
-        MemoryConfig(recompute=recompute, chunk_frames=chunk),
-    ).to(device)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (1, frames, 3, size, size), generator=g, dtype=torch.uint8).to(device)
-    mask = torch.ones(1, frames, dtype=torch.bool, device=device)
-    labels = torch.randint(0, CLASSES, (1, frames), generator=g).to(device)
+    model = bench_model(backbone, recompute, chunk, device)
+    x, mask, labels = random_sequence(frames, size, device)
     cost = measure_step(model, x, mask, labels)
     floor = floor_bytes(backbone, model, x, mask, chunk)
     return Record(

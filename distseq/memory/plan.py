@@ -57,6 +57,17 @@ class Probe:
     forward_seconds: float  # CNN forward, per frame
     backward_seconds: float  # the rest of a plain step, per frame
 
+    def as_tensor(self) -> torch.Tensor:
+        """The numbers as one float64 tensor, to agree on across ranks."""
+        return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, values: torch.Tensor) -> Probe:
+        numbers = dict(zip((f.name for f in fields(cls)), values.tolist(), strict=True))
+        numbers["chunk_frames"] = int(numbers["chunk_frames"])
+        numbers["fixed_bytes"] = int(numbers["fixed_bytes"])
+        return cls(**numbers)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -100,18 +111,6 @@ class Plan:
             f"recomputed; fits: {window}a larger budget, or more ranks under FSDP "
             f"(parameters and optimizer state: {format_size(p.fixed_bytes)} here)"
         )
-
-    def as_tensor(self) -> torch.Tensor:
-        """The probe's numbers as one float64 tensor, to agree on across ranks."""
-        p = self.probe
-        return torch.tensor([getattr(p, f.name) for f in fields(Probe)], dtype=torch.float64)
-
-    @classmethod
-    def from_tensor(cls, values: torch.Tensor, budget_bytes: int) -> Plan:
-        numbers = dict(zip((f.name for f in fields(Probe)), values.tolist(), strict=True))
-        numbers["chunk_frames"] = int(numbers["chunk_frames"])
-        numbers["fixed_bytes"] = int(numbers["fixed_bytes"])
-        return cls(Probe(**numbers), budget_bytes)
 
     def describe(self, frames: int) -> str:
         k = self.probe.chunk_frames

@@ -32,7 +32,7 @@ from distseq.errors import TrainingError
 from distseq.evaluate.validate import validate
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
-from distseq.memory.plan import Plan, budget_bytes, format_size, probe
+from distseq.memory.plan import Plan, Probe, budget_bytes, format_size, probe
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.head import Carry
 from distseq.model.video import build_model
@@ -110,8 +110,7 @@ def _plan_memory(
     measured = probe(
         model, chunked, data.batch_size, data.size, classes, data.window, info.device, on_host
     )
-    agreed = from_rank_zero(Plan(measured, budget).as_tensor().to(info.device))
-    plan = Plan.from_tensor(agreed, budget)
+    plan = Plan(Probe.from_tensor(from_rank_zero(measured.as_tensor().to(info.device))), budget)
     plan.check(cfg.data.window)
     if info.is_main:
         print(f"memory plan: {plan.describe(cfg.data.window)}", flush=True)
