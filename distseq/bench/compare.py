@@ -16,10 +16,10 @@ Rows, per T:
 
 Peaks and budgets are a step's, as ``bench memory`` measures them: the tensor memory a step
 allocates above what exists before it (the parameters, their AdamW state, the frames; the plan
-adds those to the budget it is given). ``bound_seconds`` is the least
-time an exact step can take at that memory, from the probe's own per-frame forward and backward
-times: T (F + B) + r F, r the frames that cannot be held. ``exact`` compares every gradient with
-plain's.
+adds those to the budget it is given). ``bound_seconds`` is the least time an exact step can
+take at that memory, from the probe's own per-frame times: T (F + B) + r F, with r F the forward
+work that cannot be held there, at the best mix of whole chunks and held stages (the plan's own
+prediction at a budget of the row's peak). ``exact`` compares every gradient with plain's.
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     before = resident_bytes(plain) + batch[0].numel()  # on the device before any step
     chunked = case.model(Recompute.torch, case.chunk)
     measured = probe(chunked, chunked, 1, case.size, CLASSES, case.frames, case.device)
+    stages = tuple(chunked.stages)
     reference = _grads(plain, _whole, batch)
 
     def measure(
@@ -152,11 +153,11 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
         return Row(approach, case.frames, budget, peak, predicted, seconds, exact=exact)
 
     def planned(approach: str, plan: Plan, data: Batch = batch) -> Row:
-        if plan.peak_bytes(case.frames, held=0) > plan.budget_bytes:  # below the floor
+        if plan.floor_bytes(case.frames) > plan.budget_bytes:
             base = before if data is batch else before - batch[0].numel()
             return Row(approach, case.frames, plan.budget_bytes - base, None, None, None)
         model = case.model(Recompute.torch, plan.probe.chunk_frames)
-        model.plan = plan.held_frames
+        plan.apply(model)
         return measure(model, _whole, approach, plan, data)
 
     blocks = case.model(Recompute.none, case.frames)
@@ -172,20 +173,20 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     plain_peak, tbptt_peak = rows[0].peak_bytes, rows[2].peak_bytes
     assert plain_peak is not None and tbptt_peak is not None
     for budget in [int(share * plain_peak) for share in SHARES] + [tbptt_peak]:
-        rows.append(planned("planner", Plan(measured, before + budget)))
+        rows.append(planned("planner", Plan(measured, before + budget, stages)))
     # Frame offload at half of plain's peak: the frames leave the device, so the same step
     # budget is over a device that holds no frames (on the CPU, host and device are one).
     frames = batch[0].pin_memory() if case.device.type == "cuda" else batch[0]
     on_host = probe(chunked, chunked, 1, case.size, CLASSES, case.frames, case.device, True)
     half = before - batch[0].numel() + int(SHARES[1] * plain_peak)
-    rows.append(planned("planner_offload", Plan(on_host, half), (frames, *batch[1:])))
+    rows.append(planned("planner_offload", Plan(on_host, half, stages), (frames, *batch[1:])))
     for row in rows:
         if row.peak_bytes is None or row.step_seconds is None:
             continue
         assert rows[0].step_seconds is not None
         row.plain_ratio = row.step_seconds / rows[0].step_seconds
         at = Plan(measured, before + (row.budget_bytes or row.peak_bytes))
-        if at.peak_bytes(case.frames, held=0) <= at.budget_bytes:
+        if at.floor_bytes(case.frames) <= at.budget_bytes:
             row.bound_seconds = at.step_seconds(case.frames)
             row.bound_ratio = row.step_seconds / row.bound_seconds
     return rows, measured, before
@@ -257,7 +258,7 @@ def plot(rows: list[Row], case: Case, probes: dict[int, tuple[Probe, int]], path
     for ax, frames in zip(axes[0], lengths, strict=True):
         measured, before = probes[frames]
         plan = Plan(measured, 0)
-        floor, top = plan.peak_bytes(frames, held=0), plan.peak_bytes(frames, held=frames)
+        floor, top = plan.floor_bytes(frames), plan.top_bytes(frames)
         budgets = [floor + (top - floor) * i / 50 for i in range(51)]
         ax.plot(
             [(b - before) / MIB for b in budgets],

@@ -4,22 +4,33 @@ Only each chunk's input (a uint8 slice of the sequence, already in memory) and i
 outlive the chunk's forward; the CNN's inner activations are recomputed chunk by chunk in
 backward. Gradients are those of the plain model (docs/design.md, "Exact gradients").
 
-The chunks of the last ``keep_frames`` frames are not checkpointed: they hold their activations
-from forward to backward. Backward visits the chunks in reverse, so those are consumed and
-freed before the first recompute, and they cost memory only beyond one recomputed chunk's.
+What each chunk holds from forward to backward is its *hold*, the first of the backbone's stages
+(memory.stages) whose activations it keeps:
+
+- 0, the whole chunk: it is not checkpointed. The chunks of the last ``keep_frames`` frames do
+  this; backward visits the chunks in reverse, so those are consumed and freed before the first
+  recompute, and they cost memory only beyond one recomputed chunk's.
+- ``len(stages) + 1``, nothing: plain checkpointing, every activation recomputed.
+- in between, the late stages: the chunk is checkpointed, but what its ops save for backward
+  from that stage on goes to saved-tensor hooks of its own, which keep it. Backward recomputes
+  only the early stages: torch's recompute stops once it has saved again every tensor the
+  checkpoint dropped (non-reentrant checkpoint's early stop), which is where the held stages
+  begin.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
@@ -119,25 +130,77 @@ class ChunkedModel(VideoModel):
         self.chunk_frames = chunk_frames
         self.recompute = recompute
         self.keep_frames = keep_frames
-        # memory.budget: the frames to hold for a T-frame sequence (memory.plan), in place of
+        # Where the backbone's second and later stages begin (hold_stages); none until a plan
+        # asks for them.
+        self.stages: list[str] = []
+        # memory.budget: each chunk's hold for a T-frame sequence (memory.plan), in place of
         # keep_frames.
-        self.plan: Callable[[int], int] | None = None
+        self.plan: Callable[[int], list[int]] | None = None
+        self._stage = 0  # the stage the running chunk is in
+        self._holding: int | None = None  # in a chunk's first forward: the stage it holds from
+        self._held = ExitStack()  # the running chunk's held-tensor hooks, once pushed
+        self._stage_hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._bns = batchnorms(backbone)
         if recompute is Recompute.fairscale:
             _fairscale_bn_hooks(backbone)
 
+    def hold_stages(self, starts: list[str]) -> None:
+        """Let chunks hold their late stages: stage i (from 1) begins at ``starts[i - 1]``, the
+        names of backbone modules in forward order (memory.stages.stage_starts)."""
+        if self.recompute is not Recompute.torch and starts:
+            raise ValueError("holding stages needs memory.recompute=torch (its early stop)")
+        for hook in self._stage_hooks:
+            hook.remove()
+        self._stage_hooks = [
+            self.backbone.get_submodule(name).register_forward_pre_hook(
+                functools.partial(self._enter_stage, i)
+            )
+            for i, name in enumerate(starts, start=1)
+        ]
+        self.stages = list(starts)
+
+    def _enter_stage(self, stage: int, module: nn.Module, args: Any) -> None:
+        self._stage = stage
+        if stage == self._holding:
+            # The innermost saved-tensor hooks take what autograd saves: from here to the end
+            # of the chunk, these, not the checkpoint's, so it is kept rather than recomputed.
+            self._held.enter_context(saved_tensors_hooks(_keep, _as_kept))
+
     def _contexts(self) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
         return nullcontext(), frozen_bn_stats(self._bns)
+
+    def _holding_contexts(
+        self, hold: int
+    ) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
+        return self._holding_from(hold), frozen_bn_stats(self._bns)
+
+    @contextmanager
+    def _holding_from(self, hold: int) -> Iterator[None]:
+        self._holding = hold
+        try:
+            yield
+        finally:
+            self._holding = None
 
     def _chunk_features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """One chunk's features. Its frames come to the mask's device here, inside what is
         checkpointed: frames kept in host memory (memory.offload) are copied in for the forward
         and again for the recompute, and no device copy outlives either."""
-        return VideoModel.features(self, to_device(frames, mask.device), mask)
+        self._stage = 0
+        with self._held:
+            return VideoModel.features(self, to_device(frames, mask.device), mask)
 
-    def _chunk(self, *chunk: torch.Tensor, held: bool) -> torch.Tensor:
-        if held or not torch.is_grad_enabled() or self.recompute is Recompute.none:
+    def _chunk(self, *chunk: torch.Tensor, hold: int) -> torch.Tensor:
+        if hold == 0 or not torch.is_grad_enabled() or self.recompute is Recompute.none:
             return self._chunk_features(*chunk)
+        if hold <= len(self.stages):
+            return checkpoint(
+                self._chunk_features,
+                *chunk,
+                use_reentrant=False,
+                context_fn=functools.partial(self._holding_contexts, hold),
+                early_stop=True,  # what stops the recompute where the held stages begin
+            )
         if self.recompute is Recompute.fairscale:
             from fairscale.nn.checkpoint.checkpoint_activations import _checkpointed_forward
 
@@ -154,6 +217,14 @@ class ChunkedModel(VideoModel):
             self._chunk_features, *chunk, use_reentrant=False, context_fn=self._contexts
         )
 
+    def holds(self, length: int) -> list[int]:
+        """Each chunk's hold for a ``length``-frame sequence: the plan's, or else the chunks of
+        the last ``keep_frames`` frames whole and the rest recomputed."""
+        if self.plan is not None:
+            return self.plan(length)
+        held_from, nothing = length - self.keep_frames, len(self.stages) + 1
+        return [0 if s >= held_from else nothing for s in range(0, length, self.chunk_frames)]
+
     def features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         k, length = self.chunk_frames, frames.shape[1]
         # Which chunks hold a real frame, in one device-to-host copy for the whole sequence. A
@@ -162,13 +233,22 @@ class ChunkedModel(VideoModel):
         padded = F.pad(mask, (0, -length % k)).view(mask.shape[0], -1, k)
         real = padded.any(2).any(0).tolist()
         dtype = next(self.backbone.parameters()).dtype
-        keep = self.keep_frames if self.plan is None else self.plan(length)
-        held_from = length - keep  # whole chunks from here on hold their activations
+        holds = self.holds(length)
         feats = []
         for i, start in enumerate(range(0, length, k)):
             chunk = frames[:, start : start + k], mask[:, start : start + k]
             if real[i]:
-                feats.append(self._chunk(*chunk, held=start >= held_from))
+                feats.append(self._chunk(*chunk, hold=holds[i]))
             else:
                 feats.append(mask.new_zeros((*chunk[1].shape, self.feature_dim), dtype=dtype))
         return torch.cat(feats, dim=1)
+
+
+def _keep(t: torch.Tensor) -> torch.Tensor:
+    # detach, as torch's own recompute hook does: a saved output kept with its grad_fn would
+    # hold its own graph in a reference cycle.
+    return t.detach() if t.requires_grad else t
+
+
+def _as_kept(t: torch.Tensor) -> torch.Tensor:
+    return t

@@ -1,47 +1,65 @@
 """A memory budget turned into the least recompute that fits: ``memory.budget``.
 
 A short probe measures the run's own model at its own batch, frame size and device, on a few
-frames: a step's peak with every chunk recomputed at two lengths (2k and 4k frames), and at the
-longer one with every frame held, the bytes autograd saves in those last two, and their times.
-For any T:
+frames: a step's peak with every chunk recomputed at two lengths (2k and 4k frames); at the
+longer one, a step with every frame held and one per stage split (memory.stages) with the late
+stages held; the bytes autograd and the selective checkpoint save in each, and their times.
 
-    peak(T, held) = fixed + T * per_frame + max(recompute, held_base + held * activation)
-    time(T, held) = T * (forward + backward) + (T - held) * forward
+Each chunk but the last ones runs at a *level*: nothing held (every activation recomputed), the
+stages from h on held (``bytes`` a frame, for ``seconds`` a frame of early stages recomputed), or
+the whole chunk held. The last ``w`` chunks are kept whole: backward reaches them first and frees
+them before the first recompute, so they cost the larger of their activations and one recompute,
+not the sum (measured, ResNet-18 at 32 px, k=8, T=128: 67.7 MB with nothing held and with 8
+frames held, then 0.46 MB more per frame held, up to 118.9 MB with all 128). For a T-frame step:
 
-``per_frame`` grows with T whatever the recompute (the frames, features, the RNN's saved state,
-the logits and their gradients); ``activation`` is one frame's CNN activations, held from
-forward to backward. The held frames are the last chunks of the sequence: backward reaches them
-first and frees them before the first recompute, so the peak is the larger of the two, not
-their sum (measured, ResNet-18 at 32 px, k=8, T=128: 67.7 MB with nothing held and with 8
-frames held, then 0.46 MB more per frame held, up to 118.9 MB with all 128). ``fixed`` is the
-parameters and their optimizer state, which exist outside a step (AdamW: two fp32 moments a
-parameter; this rank's shard under FSDP).
+    peak = fixed + T * per_frame + sum(held bytes) + max(recompute, held_base + kept * activation)
+    time = T * (forward + backward) + sum(recompute seconds)
 
-Time falls with every frame held, so the plan holds as many whole chunks as fit: a closed form
-per T, cheap enough to recompute whenever T changes (the last window, length buckets). The chunk
-size is the smallest k whose CNN throughput is within 10% of the best measured, so that small
-chunks do not starve a GPU.
+``per_frame`` grows with T whatever is held (the frames, features, the RNN's saved state, the
+logits and their gradients); ``fixed`` is the parameters and their optimizer state (AdamW: two
+fp32 moments a parameter; this rank's shard under FSDP).
+
+The search is exhaustive over ``w`` and, for the other chunks, takes two neighbouring levels on
+the lower convex hull of (bytes, seconds): for identical chunks under one byte budget the best
+mix uses at most two levels, and only hull levels, so the plan is optimal up to whole chunks.
+It costs about a millisecond per T and is cached, so it runs again whenever T changes (the last
+window, length buckets). The chunk size is the smallest k whose CNN throughput is within 10% of
+the best measured, so that small chunks do not starve a GPU.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
 
-from distseq.config import parse_budget
+from distseq.config import Recompute, parse_budget
 from distseq.errors import ConfigError
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import StepCost, measure_step
+from distseq.memory.stages import stage_starts
 
 CHUNKS = (1, 2, 4, 8, 16, 32)  # chunk sizes the probe times
 THROUGHPUT_SLACK = 0.9  # the smallest k with at least 90% of the best frames/s
 GB = 10**9
+_STAGE_FIELDS = ("stage_bytes", "stage_seconds", "stage_recompute_bytes")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One way to run a chunk that is not among the last ones kept whole; per frame."""
+
+    hold: int  # the chunk's hold (memory.chunked): 0 whole, 1.. late stages, last nothing
+    bytes: float  # held from forward to backward
+    seconds: float  # recomputed in backward
+    recompute_bytes: float  # the recompute's own peak, beyond what is held
 
 
 @dataclass(frozen=True)
@@ -56,49 +74,145 @@ class Probe:
     activation_bytes: float  # one held frame's CNN activations
     forward_seconds: float  # CNN forward, per frame
     backward_seconds: float  # the rest of a plain step, per frame
+    # Per stage split h = 1 .. stages: the held bytes and recomputed seconds of a frame whose
+    # stages from h on are held, and the rest of that step's peak.
+    stage_bytes: tuple[float, ...] = ()
+    stage_seconds: tuple[float, ...] = ()
+    stage_recompute_bytes: tuple[float, ...] = ()
+
+    def levels(self) -> list[Level]:
+        nothing = len(self.stage_bytes) + 1
+        staged = zip(self.stage_bytes, self.stage_seconds, self.stage_recompute_bytes, strict=True)
+        return [
+            Level(nothing, 0.0, self.forward_seconds, self.recompute_bytes),
+            *(Level(h, b, s, r) for h, (b, s, r) in enumerate(staged, start=1)),
+            Level(0, self.activation_bytes, 0.0, 0.0),
+        ]
 
     def as_tensor(self) -> torch.Tensor:
         """The numbers as one float64 tensor, to agree on across ranks."""
-        return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
+        scalars = [getattr(self, f.name) for f in fields(self) if f.name not in _STAGE_FIELDS]
+        staged = [x for name in _STAGE_FIELDS for x in getattr(self, name)]
+        return torch.tensor(scalars + staged, dtype=torch.float64)
 
     @classmethod
     def from_tensor(cls, values: torch.Tensor) -> Probe:
-        numbers = dict(zip((f.name for f in fields(cls)), values.tolist(), strict=True))
-        numbers["chunk_frames"] = int(numbers["chunk_frames"])
-        numbers["fixed_bytes"] = int(numbers["fixed_bytes"])
-        return cls(**numbers)
+        names = [f.name for f in fields(cls) if f.name not in _STAGE_FIELDS]
+        numbers = values.tolist()
+        scalars: dict[str, float | int | tuple[float, ...]] = dict(
+            zip(names, numbers[: len(names)], strict=True)
+        )
+        scalars["chunk_frames"] = int(numbers[0])
+        scalars["fixed_bytes"] = int(numbers[1])
+        staged = numbers[len(names) :]
+        n = len(staged) // len(_STAGE_FIELDS)
+        for i, name in enumerate(_STAGE_FIELDS):
+            scalars[name] = tuple(staged[i * n : (i + 1) * n])
+        return cls(**scalars)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
+class Layout:
+    """What one T-frame step does: each chunk's hold, its predicted peak and time."""
+
+    holds: tuple[int, ...]
+    peak_bytes: float
+    seconds: float
+
+
+def _lower_hull(levels: list[Level]) -> list[Level]:
+    """The levels that can be the best at some budget, by bytes: each faster than the one
+    before, and below the line between its neighbours, so that no mix of two beats it."""
+    hull: list[Level] = []
+    for level in sorted(levels, key=lambda lv: (lv.bytes, lv.seconds)):
+        if hull and level.seconds >= hull[-1].seconds:
+            continue  # more bytes for no time saved
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            above = (b.seconds - a.seconds) * (level.bytes - a.bytes) >= (
+                level.seconds - a.seconds
+            ) * (b.bytes - a.bytes)
+            if not above:
+                break
+            hull.pop()
+        hull.append(level)
+    return hull
+
+
+@dataclass
 class Plan:
     probe: Probe
     budget_bytes: int
+    stages: tuple[str, ...] = ()  # where stages 2.. begin (memory.stages), for people
+    _layouts: dict[int, Layout] = field(default_factory=dict, repr=False, compare=False)
 
-    def held_frames(self, frames: int) -> int:
-        """Frames at the end of a T-frame sequence that hold their activations: whole chunks
-        (chunks start at frame 0, so the last one may be short), as many as the budget allows."""
-        p, k = self.probe, self.probe.chunk_frames
-        room = self.budget_bytes - p.fixed_bytes - frames * p.per_frame_bytes - p.held_base_bytes
-        fits = frames if p.activation_bytes <= 0 else int(room // p.activation_bytes)
-        fits = max(0, min(frames, fits))
-        first = min(frames, math.ceil((frames - fits) / k) * k)  # the first held chunk's start
-        return frames - first
+    def apply(self, model: ChunkedModel) -> None:
+        """Run ``model`` by this plan from its next step on."""
+        model.chunk_frames = self.probe.chunk_frames
+        model.hold_stages(list(self.stages))
+        model.plan = self.holds
 
-    def peak_bytes(self, frames: int, held: int | None = None) -> float:
-        p = self.probe
-        held = self.held_frames(frames) if held is None else held
-        rest = max(p.recompute_bytes, p.held_base_bytes + held * p.activation_bytes)
-        return p.fixed_bytes + frames * p.per_frame_bytes + rest
+    def holds(self, frames: int) -> list[int]:
+        return list(self.layout(frames).holds)
+
+    def peak_bytes(self, frames: int) -> float:
+        return self.layout(frames).peak_bytes
 
     def step_seconds(self, frames: int) -> float:
+        return self.layout(frames).seconds
+
+    def floor_bytes(self, frames: int) -> float:
+        """The peak with every chunk recomputed: the least any plan at this chunk size needs."""
         p = self.probe
-        recomputed = frames - self.held_frames(frames)
-        return frames * (p.forward_seconds + p.backward_seconds) + recomputed * p.forward_seconds
+        rest = max(p.recompute_bytes, p.held_base_bytes)
+        return p.fixed_bytes + frames * p.per_frame_bytes + rest
+
+    def top_bytes(self, frames: int) -> float:
+        """The peak with every frame held: more than this saves no time."""
+        p = self.probe
+        return p.fixed_bytes + frames * (p.per_frame_bytes + p.activation_bytes) + p.held_base_bytes
+
+    def layout(self, frames: int) -> Layout:
+        if frames not in self._layouts:
+            self._layouts[frames] = self._search(frames)
+        return self._layouts[frames]
+
+    def _search(self, frames: int) -> Layout:
+        p, k = self.probe, self.probe.chunk_frames
+        n = math.ceil(frames / k)
+        hull = _lower_hull(p.levels())
+        pairs = list(itertools.pairwise(hull)) or [(hull[0], hull[0])]
+        base = p.fixed_bytes + frames * p.per_frame_bytes
+        plain = frames * (p.forward_seconds + p.backward_seconds)
+        best = None
+        kept = 0  # frames in the last w chunks, kept whole
+        for w in range(n + 1):
+            kept += 0 if w == 0 else min(k, frames - (n - w) * k)
+            rest, chunks = frames - kept, n - w
+            for lo, hi in pairs:
+                recompute = max(lo.recompute_bytes, hi.recompute_bytes) if chunks else 0.0
+                fixed = base + max(recompute, p.held_base_bytes + kept * p.activation_bytes)
+                room = self.budget_bytes - fixed - rest * lo.bytes
+                if room < 0:
+                    continue
+                extra = k * (hi.bytes - lo.bytes)
+                rich_chunks = chunks if extra <= 0 else min(chunks, int(room // extra))
+                rich = min(rich_chunks * k, rest)  # the first chunks: whole k frames each
+                peak = fixed + rich * hi.bytes + (rest - rich) * lo.bytes
+                seconds = plain + rich * hi.seconds + (rest - rich) * lo.seconds
+                if best is None or (seconds, peak) < (best.seconds, best.peak_bytes):
+                    holds = [hi.hold] * rich_chunks + [lo.hold] * (chunks - rich_chunks)
+                    best = Layout((*holds, *[0] * w), peak, seconds)
+        if best is None:  # not even the floor fits: check() says so
+            floor = hull[0]
+            seconds = plain + frames * floor.seconds
+            best = Layout((floor.hold,) * n, self.floor_bytes(frames), seconds)
+        return best
 
     def check(self, frames: int) -> None:
         """Refuse, in one line, a T whose floor (every chunk recomputed) does not fit, saying
         what would."""
-        floor = self.peak_bytes(frames, held=0)
+        floor = self.floor_bytes(frames)
         if floor <= self.budget_bytes:
             return
         p = self.probe
@@ -113,14 +227,24 @@ class Plan:
         )
 
     def describe(self, frames: int) -> str:
-        k = self.probe.chunk_frames
-        chunks = math.ceil(frames / k)
-        held = math.ceil(self.held_frames(frames) / k)
-        recompute = 1 - self.held_frames(frames) / frames
+        """One line: what is kept and held, the predicted peak, and the share of forward time
+        that is recomputed."""
+        p, layout = self.probe, self.layout(frames)
+        counts, stages = Counter(layout.holds), len(p.stage_bytes) + 1
+        held = [
+            f"{counts[h]} {'holds' if counts[h] == 1 else 'hold'} "
+            f"{f'stage {stages}' if h + 1 == stages else f'stages {h + 1}-{stages}'} of {stages} "
+            f"(from {self.stages[h - 1]})"
+            for h in sorted(counts)
+            if 0 < h < stages
+        ]
+        rest = f", {' and '.join(held)}" if held else ""
+        forward = frames * p.forward_seconds
+        recompute = (layout.seconds - frames * (p.forward_seconds + p.backward_seconds)) / forward
         return (
-            f"T={frames} chunk={k}: {held}/{chunks} chunks kept; predicted peak "
-            f"{format_size(self.peak_bytes(frames))} of {format_size(self.budget_bytes)}, "
-            f"recompute {recompute:.0%} of forward FLOPs"
+            f"T={frames} chunk={p.chunk_frames}: {counts[0]}/{len(layout.holds)} chunks kept"
+            f"{rest}; predicted peak {format_size(layout.peak_bytes)} of "
+            f"{format_size(self.budget_bytes)}, recompute {recompute:.0%} of forward time"
         )
 
 
@@ -210,8 +334,9 @@ def probe(
     frames_on_host: bool = False,
 ) -> Probe:
     """Measure ``model`` (``chunked``, or it wrapped for FSDP/DDP) on random frames, and leave
-    both as they were. ``frames_on_host``: memory.offload=frames, the frames stay in (pinned)
-    host memory and cost the device nothing per frame."""
+    both as they were, but for the stages it finds (ChunkedModel.hold_stages).
+    ``frames_on_host``: memory.offload=frames, the frames stay in (pinned) host memory and cost
+    the device nothing per frame."""
     g = torch.Generator().manual_seed(0)
 
     def frames(t: int) -> torch.Tensor:
@@ -220,25 +345,41 @@ def probe(
             return x.pin_memory() if device.type == "cuda" else x
         return x.to(device)
 
-    def step(t: int, keep: int) -> StepCost:
-        chunked.keep_frames = keep
+    def step(t: int, hold: int) -> StepCost:
+        chunked.plan = lambda frames: [hold] * math.ceil(frames / chunked.chunk_frames)
         x = frames(t)
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
         labels = torch.randint(0, classes, x.shape[:2], generator=g).to(device)
         return measure_step(model, x, mask, labels)
 
     with _left_as_it_was(model, chunked, device):
+        # Holding stages takes non-reentrant checkpoint's early stop, which fairscale has not.
+        torch_backend = chunked.recompute is Recompute.torch
+        starts = stage_starts(model, chunked.backbone, size, device) if torch_backend else []
+        chunked.hold_stages(starts)
+        nothing = len(chunked.stages) + 1
         chunked.chunk_frames = max(CHUNKS)  # one chunk per timed sequence
         k = _chunk_size(model, chunked, frames, window)
         chunked.chunk_frames = k
         short, long = 2 * k, 4 * k
-        recomputed_short = step(short, 0)
-        recomputed = step(long, 0)
-        plain = step(long, long)
-    in_step = (recomputed.peak_bytes - recomputed_short.peak_bytes) / (long - short)
+        recomputed_short = step(short, nothing)
+        recomputed = step(long, nothing)
+        plain = step(long, 0)
+        # Held stages go to the chunk's own saved-tensor hooks, out of SavedTensorBytes' sight,
+        # so their bytes come from the peak's growth between two lengths.
+        staged = [(step(short, hold), step(long, hold)) for hold in range(1, nothing)]
+
+    def per_frame(at_short: StepCost, at_long: StepCost) -> float:
+        return (at_long.peak_bytes - at_short.peak_bytes) / (long - short)
+
+    in_step = per_frame(recomputed_short, recomputed)
+
+    def recompute_seconds(cost: StepCost) -> float:
+        return max(0.0, (cost.seconds - plain.seconds) / long)
+
     # What autograd saves outside recompute, exactly: a held frame adds its CNN's saved tensors.
     activation = max(0.0, (plain.saved_bytes - recomputed.saved_bytes) / long)
-    forward = max(0.0, (recomputed.seconds - plain.seconds) / long)
+    forward = recompute_seconds(recomputed)
     return Probe(
         chunk_frames=k,
         fixed_bytes=resident_bytes(model),
@@ -250,4 +391,7 @@ def probe(
         activation_bytes=activation,
         forward_seconds=forward,
         backward_seconds=max(0.0, plain.seconds / long - forward),
+        stage_bytes=tuple(max(0.0, per_frame(*c) - in_step) for c in staged),
+        stage_seconds=tuple(recompute_seconds(c[1]) for c in staged),
+        stage_recompute_bytes=tuple(c[1].peak_bytes - long * per_frame(*c) for c in staged),
     )

@@ -104,18 +104,18 @@ def _plan_memory(
     cfg: Config, model: torch.nn.Module, chunked: ChunkedModel, classes: int, info: DistInfo
 ) -> None:
     """Probe, agree on rank 0's measurements, refuse a budget that cannot hold data.window
-    frames, and let the plan set the held frames for each T from now on (memory.plan)."""
+    frames, and let the plan set each chunk's hold for each T from now on (memory.plan)."""
     budget = budget_bytes(cfg.memory.budget, info.device)
     data, on_host = cfg.data, cfg.memory.offload is Offload.frames
     measured = probe(
         model, chunked, data.batch_size, data.size, classes, data.window, info.device, on_host
     )
-    plan = Plan(Probe.from_tensor(from_rank_zero(measured.as_tensor().to(info.device))), budget)
+    agreed = Probe.from_tensor(from_rank_zero(measured.as_tensor().to(info.device)))
+    plan = Plan(agreed, budget, tuple(chunked.stages))
     plan.check(cfg.data.window)
     if info.is_main:
         print(f"memory plan: {plan.describe(cfg.data.window)}", flush=True)
-    chunked.chunk_frames = plan.probe.chunk_frames
-    chunked.plan = plan.held_frames
+    plan.apply(chunked)
 
 
 def _silent(text: str) -> None:

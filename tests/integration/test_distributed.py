@@ -29,12 +29,16 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.T
     return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("mode,accum,keep", [("fsdp", 2, 0), ("ddp", 1, 0), ("fsdp", 1, 6)])
-def test_two_ranks_match_one_process(mode: str, accum: int, keep: int, tmp_path: Path) -> None:
-    # keep=6: the last chunks (frames 4-9 of 10) hold their activations, as a memory plan does;
-    # the reference recomputes every chunk. Exact gradients make them one computation.
+@pytest.mark.parametrize(
+    "mode,accum,holding",
+    [("fsdp", 2, "none"), ("ddp", 1, "none"), ("fsdp", 1, "keep"), ("fsdp", 1, "stages")],
+)
+def test_two_ranks_match_one_process(mode: str, accum: int, holding: str, tmp_path: Path) -> None:
+    # keep: the last chunks (frames 4-9 of 10) hold their activations, as a memory plan does;
+    # stages: each chunk holds its late stages from a different one on. The reference recomputes
+    # every chunk. Exact gradients make them one computation.
     ref_losses, ref_grads, ref_params = reference()
-    records = torchrun("grad_step", 2, tmp_path, mode, str(accum), str(keep))
+    records = torchrun("grad_step", 2, tmp_path, mode, str(accum), holding)
     ranks = [torch.load(tmp_path / f"out_{mode}_{r}.pt", weights_only=True) for r in (0, 1)]
 
     for name, ref in ref_grads.items():

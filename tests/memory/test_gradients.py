@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from conftest import random_batch, tiny_model
@@ -15,6 +16,7 @@ from distseq.data.batch import Batch
 from distseq.errors import TrainingError
 from distseq.memory import chunked
 from distseq.memory.policy import apply_memory_policy
+from distseq.memory.stages import stage_starts
 from distseq.model.video import VideoModel
 from distseq.train.step import check_every_parameter_has_grad
 
@@ -186,3 +188,64 @@ def test_guard_catches_reentrant_checkpoint_dropping_cnn_grads() -> None:
     model.head(feats, batch.mask).sum().backward()
     with pytest.raises(TrainingError, match="got no gradient"):
         check_every_parameter_has_grad(model)
+
+
+@pytest.mark.parametrize(
+    ("backbone", "norm"),
+    [
+        ("resnet18", "batchnorm"),
+        ("mobilenet_v3_small", "batchnorm"),
+        ("efficientnet_b0", "groupnorm"),
+    ],
+)
+def test_held_stages_give_the_plain_gradients_and_bn_statistics(backbone: str, norm: str) -> None:
+    # Every hold at once, chunk by chunk: the whole chunk, each split into recomputed early and
+    # held late stages, and nothing held. T=20 in chunks of 4: one chunk per hold for ResNet-18's
+    # four stage starts and MobileNet's.
+    batch = random_batch(2, 20, size=64, lengths=[20, 17])
+    ref_model = tiny_model("none", chunk=4, backbone=backbone, norm=norm, dropout=0.3)
+    ref, ref_loss = step(ref_model, batch)
+    model = tiny_model("torch", chunk=4, backbone=backbone, norm=norm, dropout=0.3)
+    starts = stage_starts(model, model.backbone, 64, torch.device("cpu"))
+    model.hold_stages(starts)
+    holds = list(range(len(starts) + 2))  # 0 (whole) .. len + 1 (nothing held)
+    model.plan = lambda frames: [holds[i % len(holds)] for i in range(5)]
+    recomputed: list[int] = []
+    # A pre-hook: a recompute that stops where the held stages begin never returns.
+    model.backbone.register_forward_pre_hook(lambda module, args: recomputed.append(1))
+    got, loss = step(model, batch)
+    assert max_rel_error(got, ref) < TOL and abs(loss - ref_loss) < 1e-6
+    ref_buffers = dict(ref_model.named_buffers())
+    for name, buf in model.named_buffers():
+        assert torch.equal(buf, ref_buffers[name]), name
+    # Every chunk but the whole one runs the backbone again in backward (its early stages).
+    assert len(recomputed) == 5 + sum(1 for i in range(5) if holds[i % len(holds)] != 0)
+
+
+class _Convolutions(TorchDispatchMode):
+    """Counts the convolutions that really run: an op the recompute takes from the selective
+    checkpoint's cache never reaches a mode outside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += func is torch.ops.aten.convolution.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("hold", "recomputed"), [(0, 0), (3, 10), (4, 15), (5, 20)])
+def test_a_held_stage_is_not_run_again_in_backward(hold: int, recomputed: int) -> None:
+    # ResNet-18's 20 convolutions: the stem's 1, then 4 in layer1 and 5 (a downsample) in each
+    # of layer2-4. Holding stage 3 (layer3) on recomputes the stem, layer1 and layer2: 10.
+    model = tiny_model("torch", chunk=4, norm="batchnorm")
+    starts = stage_starts(model, model.backbone, 64, torch.device("cpu"))
+    assert starts == ["layer1.0.conv1", "layer2.0.conv1", "layer3.0.conv1", "layer4.0.conv1"]
+    model.hold_stages(starts)
+    model.plan = lambda frames: [hold]
+    batch = random_batch(1, 4, size=64)
+    loss = model(batch.frames, batch.mask).sum()
+    with _Convolutions() as convolutions:
+        loss.backward()
+    assert convolutions.count == recomputed

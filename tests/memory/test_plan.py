@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from conftest import random_batch, tiny_model
 from distseq.errors import ConfigError
 from distseq.memory import plan as planning
 from distseq.memory.measure import measure_step
-from distseq.memory.plan import Plan, budget_bytes, probe, resident_bytes
+from distseq.memory.plan import Plan, Probe, budget_bytes, probe, resident_bytes
 
 CPU = torch.device("cpu")
 T, SIZE = 48, 32
@@ -29,20 +31,20 @@ def test_a_plan_keeps_a_real_step_under_its_budget(backbone: str, share: float) 
     measured = probe(model, model, 1, SIZE, 3, T, CPU)
     assert measured.chunk_frames == 4
     # A budget between the floor (all recomputed) and plain autograd's peak.
-    floor = Plan(measured, 0).peak_bytes(T, held=0)
-    plain = Plan(measured, 0).peak_bytes(T, held=T)
-    plan = Plan(measured, int(floor + share * (plain - floor)))
+    floor, plain = Plan(measured, 0).floor_bytes(T), Plan(measured, 0).top_bytes(T)
+    plan = Plan(measured, int(floor + share * (plain - floor)), tuple(model.stages))
     plan.check(T)
-    model.chunk_frames, model.plan = measured.chunk_frames, plan.held_frames
-    held = plan.held_frames(T)
-    assert 0 < held < T and held % 4 == 0
+    plan.apply(model)
+    holds = plan.holds(T)
+    nothing = len(model.stages) + 1
+    assert len(holds) == T // 4 and set(holds) not in ({0}, {nothing})  # neither floor nor top
 
     batch = random_batch(1, T, size=SIZE)
     cost = measure_step(model, batch.frames, batch.mask, batch.labels)
     # What the device holds at the step's peak: what was there before it, and the step's own.
     total = resident_bytes(model) + batch.frames.numel() + cost.peak_bytes
     assert total <= plan.budget_bytes, (total, plan.budget_bytes)
-    # More memory would save time here (held < T), so the plan uses nearly all of it.
+    # More memory would save time here (not all is held), so the plan uses nearly all of it.
     assert total >= 0.85 * plan.budget_bytes, (total, plan.budget_bytes)
     assert abs(total - plan.peak_bytes(T)) < 0.02 * total  # the prediction, to 2%
 
@@ -62,7 +64,7 @@ def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
 def test_a_budget_below_the_floor_says_what_would_fit() -> None:
     model = tiny_model("torch", chunk=8)
     measured = probe(model, model, 1, SIZE, 3, T, CPU)
-    floor = Plan(measured, 0).peak_bytes(T, held=0)
+    floor = Plan(measured, 0).floor_bytes(T)
     plan = Plan(measured, int(floor) - 1)
     with pytest.raises(ConfigError) as error:
         plan.check(T)
@@ -86,3 +88,69 @@ def test_offloaded_frames_cost_the_device_nothing_per_frame() -> None:
     # On the CPU the step itself is the same; the plan stops counting the uint8 frames.
     assert on_device.per_frame_bytes - on_host.per_frame_bytes == 3 * SIZE * SIZE
     assert Plan(on_host, 10**9).peak_bytes(T) < Plan(on_device, 10**9).peak_bytes(T)
+
+
+# A probe worked by hand, in MB: chunks of 2 frames; 100 fixed and 1 a frame; recomputing a
+# frame costs 1 s forward (and its chunk 20 of recompute peak); holding its one late stage costs
+# 2 and leaves 0.25 s of recompute (12 peak); holding it whole costs 10.
+MB = 10**6
+HAND = Probe(
+    chunk_frames=2,
+    fixed_bytes=100 * MB,
+    per_frame_bytes=1.0 * MB,
+    recompute_bytes=20.0 * MB,
+    held_base_bytes=0.0,
+    activation_bytes=10.0 * MB,
+    forward_seconds=1.0,
+    backward_seconds=1.0,
+    stage_bytes=(2.0 * MB,),
+    stage_seconds=(0.25,),
+    stage_recompute_bytes=(12.0 * MB,),
+)
+
+
+@pytest.mark.parametrize(
+    ("budget", "holds", "peak", "seconds"),
+    [
+        # 108 for 8 frames, then the 20 of recompute: the floor, all 4 chunks recomputed.
+        # Keeping the last chunk whole (2 x 10) fits under the same 20: 16 + 6 x 1 s.
+        (128, (2, 2, 2, 0), 128, 22.0),
+        # 4 more: one chunk's late stage held too: 16 + 2 x 0.25 + 4 x 1 s.
+        (132, (1, 2, 2, 0), 132, 20.5),
+        # 8 more: every chunk's late stage held beats any whole chunk: 108 + 12 + 8 x 2.
+        (136, (1, 1, 1, 1), 136, 18.0),
+    ],
+)
+def test_the_plan_is_the_best_layout_worked_by_hand(
+    budget: int, holds: tuple[int, ...], peak: float, seconds: float
+) -> None:
+    plan = Plan(HAND, budget * MB, ("layer4",))
+    plan.check(8)
+    assert (tuple(plan.holds(8)), plan.peak_bytes(8), plan.step_seconds(8)) == (
+        holds,
+        peak * MB,
+        seconds,
+    )
+
+
+def test_the_plan_line_says_what_is_held() -> None:
+    assert Plan(HAND, 132 * MB, ("layer4",)).describe(8) == (
+        "T=8 chunk=2: 1/4 chunks kept, 1 holds stage 2 of 2 (from layer4); predicted peak "
+        "0.132 GB of 0.132 GB, recompute 56% of forward time"
+    )
+    with pytest.raises(ConfigError, match=r"below the 0\.128 GB that T=8 needs"):
+        Plan(HAND, 127 * MB).check(8)
+
+
+def test_a_level_above_the_line_between_its_neighbours_is_never_used() -> None:
+    # A second stage split that holds 8 MB a frame for 0.2 s of recompute: mixing the first
+    # split (2 MB, 0.25 s) with whole frames (10 MB, 0 s) gives 0.0625 s at 8 MB, faster.
+    probe = replace(
+        HAND,
+        stage_bytes=(2.0 * MB, 8.0 * MB),
+        stage_seconds=(0.25, 0.2),
+        stage_recompute_bytes=(12.0 * MB, 12.0 * MB),
+    )
+    assert [level.hold for level in planning._lower_hull(probe.levels())] == [3, 1, 0]
+    for budget in range(128, 200, 2):
+        assert 2 not in Plan(probe, budget * MB).holds(8)

@@ -1,8 +1,10 @@
 """One rank of a sharded training step on a fixed global batch, split across the ranks.
 
-argv: mode (fsdp|ddp), micro-batches per step, and optionally the frames held whole at the end
-of each sequence (memory.keep_frames). Writes out_<mode>_<rank>.pt (full parameters after the
-steps, gradients of the first) and reports the losses.
+argv: mode (fsdp|ddp), micro-batches per step, and what the chunks hold as a memory plan would
+have them: ``none``, ``keep`` (the last 6 frames whole, memory.keep_frames) or ``stages`` (the
+3 chunks of 4 frames hold their late stages from stage 2, 3 and 4 on). Writes
+out_<mode>_<rank>.pt (full parameters after the steps, gradients of the first) and reports the
+losses.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from conftest import random_batch, report, tiny_model
 from distseq.config import ParallelConfig, ParallelMode
 from distseq.data.batch import IGNORE_INDEX, Batch
+from distseq.memory.stages import stage_starts
 from distseq.parallel import init_distributed, parallelize
 from distseq.train.step import clip_grad_norm, train_step
 
@@ -39,11 +42,15 @@ def global_batch() -> Batch:
 
 def main() -> None:
     mode, accum = sys.argv[1], int(sys.argv[2])
-    keep = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    holding = sys.argv[3]
     info = init_distributed()
     cfg = ParallelConfig(mode=ParallelMode(mode))
     chunked = tiny_model("torch", chunk=4)
-    chunked.keep_frames = keep
+    if holding == "keep":
+        chunked.keep_frames = 6
+    elif holding == "stages":
+        chunked.hold_stages(stage_starts(chunked, chunked.backbone, 32, torch.device("cpu")))
+        chunked.plan = lambda frames: [1, 2, 3]
     model = parallelize(chunked, cfg, info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     glob = global_batch()
