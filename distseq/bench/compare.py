@@ -158,6 +158,7 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
             return Row(approach, case.frames, plan.budget_bytes - base, None, None, None)
         model = case.model(Recompute.torch, plan.probe.chunk_frames)
         plan.apply(model)
+        model.prefetch_frames = data is not batch  # offloaded, as memory.offload=frames runs
         return measure(model, _whole, approach, plan, data)
 
     blocks = case.model(Recompute.none, case.frames)

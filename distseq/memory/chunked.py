@@ -35,6 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from distseq.config import Recompute
+from distseq.memory.prefetch import FramePrefetch, to_device
 from distseq.model.head import TemporalHead
 from distseq.model.video import VideoModel
 
@@ -104,11 +105,6 @@ def _fairscale_bn_hooks(backbone: nn.Module) -> None:
         bn.register_forward_hook(leave)
 
 
-def to_device(frames: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A chunk's frames on ``device``; a no-op where they are already there."""
-    return frames.to(device, non_blocking=True)
-
-
 class ChunkedModel(VideoModel):
     """A :class:`VideoModel` whose backbone runs ``chunk_frames`` frames at a time, each chunk
     recomputed in backward; the same modules under the same names.
@@ -125,11 +121,15 @@ class ChunkedModel(VideoModel):
         chunk_frames: int,
         recompute: Recompute,
         keep_frames: int = 0,
+        prefetch_frames: bool = False,
     ) -> None:
         super().__init__(backbone, head, feature_dim)
         self.chunk_frames = chunk_frames
         self.recompute = recompute
         self.keep_frames = keep_frames
+        # memory.offload=frames: copy each chunk's frames in one chunk ahead (memory.prefetch).
+        self.prefetch_frames = prefetch_frames
+        self._prefetch: FramePrefetch | None = None
         # Where the backbone's second and later stages begin (hold_stages); none until a plan
         # asks for them.
         self.stages: list[str] = []
@@ -187,8 +187,10 @@ class ChunkedModel(VideoModel):
         checkpointed: frames kept in host memory (memory.offload) are copied in for the forward
         and again for the recompute, and no device copy outlives either."""
         self._stage = 0
+        prefetch = self._prefetch
+        x = to_device(frames, mask.device) if prefetch is None else prefetch.take(frames)
         with self._held:
-            return VideoModel.features(self, to_device(frames, mask.device), mask)
+            return VideoModel.features(self, x, mask)
 
     def _chunk(self, *chunk: torch.Tensor, hold: int) -> torch.Tensor:
         if hold == 0 or not torch.is_grad_enabled() or self.recompute is Recompute.none:
@@ -234,6 +236,11 @@ class ChunkedModel(VideoModel):
         real = padded.any(2).any(0).tolist()
         dtype = next(self.backbone.parameters()).dtype
         holds = self.holds(length)
+        if self.prefetch_frames:
+            starts = [s for i, s in enumerate(range(0, length, k)) if real[i]]
+            recomputes = torch.is_grad_enabled() and self.recompute is not Recompute.none
+            again = [s for s in reversed(starts) if recomputes and holds[s // k] != 0]
+            self._prefetch = FramePrefetch(frames, k, mask.device, starts, again)
         feats = []
         for i, start in enumerate(range(0, length, k)):
             chunk = frames[:, start : start + k], mask[:, start : start + k]

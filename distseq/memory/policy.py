@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distseq.config import MemoryConfig
+from distseq.config import MemoryConfig, Offload
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.tbptt import TruncatedHead
 from distseq.model.video import VideoModel
@@ -14,5 +14,11 @@ def apply_memory_policy(model: VideoModel, cfg: MemoryConfig) -> ChunkedModel:
     if cfg.tbptt_frames:
         head = TruncatedHead(head.rnn, head.classifier, head.dropout.p, cfg.tbptt_frames)
     return ChunkedModel(
-        model.backbone, head, model.feature_dim, cfg.chunk_frames, cfg.recompute, cfg.keep_frames
+        model.backbone,
+        head,
+        model.feature_dim,
+        cfg.chunk_frames,
+        cfg.recompute,
+        cfg.keep_frames,
+        prefetch_frames=cfg.offload is Offload.frames,
     )

@@ -11,10 +11,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from conftest import random_batch, tiny_model
-from distseq.config import MemoryConfig, Recompute
+from distseq.config import MemoryConfig, Offload, Recompute
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
-from distseq.memory import chunked
+from distseq.memory import chunked, prefetch
 from distseq.memory.policy import apply_memory_policy
 from distseq.memory.stages import stage_starts
 from distseq.model.video import VideoModel
@@ -72,31 +72,52 @@ def test_held_chunks_give_the_plain_gradients_and_bn_statistics(recompute: str, 
 
 
 @pytest.mark.parametrize("recompute", ["torch", "fairscale"])
-def test_offloaded_frames_come_in_per_chunk_for_forward_and_recompute(
+def test_offloaded_frames_come_in_one_chunk_ahead_for_forward_and_recompute(
     recompute: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # memory.offload=frames: the sequence's frames stay where the loader put them; each chunk's
-    # slice is copied to the device inside the checkpoint, so once for its forward and once
-    # more for its recompute, and held chunks once. (On the CPU the copy is a no-op; what is
-    # counted is where it happens.)
+    # slice is copied to the device once for its forward and once more for its recompute (held
+    # chunks once), each copy started while the chunk before it in that order computes. (On the
+    # CPU the copy is a no-op; what is checked is when and of what it happens.)
     batch = random_batch(2, 13, lengths=[13, 9]).to(torch.device("cpu"), frames_on_host=True)
     ref, _ = step(tiny_model("none", chunk=1000), batch)
-    memory = MemoryConfig(recompute=Recompute(recompute), chunk_frames=4, keep_frames=5)
+    memory = MemoryConfig(
+        recompute=Recompute(recompute), chunk_frames=4, keep_frames=5, offload=Offload.frames
+    )
     model = apply_memory_policy(tiny_model("none"), memory)
-    copies = []
-    real = chunked.to_device
+    events: list[tuple[str, int]] = []
+    real = prefetch.to_device
+    frame = batch.frames.stride(1)
 
     def spy(frames: torch.Tensor, device: torch.device) -> torch.Tensor:
         # a view of the host frames, never a copy of the whole sequence made beforehand
         assert frames.untyped_storage().data_ptr() == batch.frames.untyped_storage().data_ptr()
-        copies.append(frames.shape[1])
+        events.append(("copy", frames.storage_offset() // frame))
         return real(frames, device)
 
-    monkeypatch.setattr(chunked, "to_device", spy)
+    def computes(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        events.append(("compute", len(args[0])))
+
+    monkeypatch.setattr(prefetch, "to_device", spy)
+    model.backbone.register_forward_pre_hook(computes)
     got, _ = step(model, batch)
     assert max_rel_error(got, ref) < TOL
-    # Chunks 0 and 4 are recomputed (4 frames each, twice); chunks 8 and 12 are held.
-    assert sorted(copies) == sorted([4, 4, 4, 1, 4, 4])
+    # Chunks 0 and 4 are recomputed, in reverse; 8 and 12 are held. The backbone sees the
+    # real frames of a chunk: 8 of chunks 0 and 4, 4 + 1 of chunk 8, 1 of chunk 12.
+    assert events == [
+        ("copy", 0),
+        ("copy", 4),  # started before chunk 0 computes
+        ("compute", 8),
+        ("copy", 8),
+        ("compute", 8),
+        ("copy", 12),
+        ("compute", 5),
+        ("copy", 4),  # the first recompute's, while the head runs
+        ("compute", 1),
+        ("copy", 0),  # backward: chunk 0's, while chunk 4 is recomputed
+        ("compute", 8),
+        ("compute", 8),
+    ]
 
 
 def test_a_batch_keeps_its_frames_on_the_host_when_asked() -> None:
