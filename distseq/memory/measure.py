@@ -205,10 +205,15 @@ class StepCost:
 
 
 def measure_step(
-    model: nn.Module, frames: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
+    model: nn.Module,
+    frames: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+    timings: int = 1,
 ) -> StepCost:
     """One forward and backward of the per-frame loss, as ``bench memory`` measures it:
-    exact peak bytes (profiler allocation events on CPU, the allocator's on CUDA)."""
+    exact peak bytes (profiler allocation events on CPU, the allocator's on CUDA), and the
+    fastest of ``timings`` timed runs."""
 
     def loss() -> torch.Tensor:
         return F.cross_entropy(model(frames, mask).flatten(0, 1).float(), labels.flatten())
@@ -220,18 +225,24 @@ def measure_step(
     step()  # warm-up: allocator, thread pools, cuDNN autotuning
     with SavedTensorBytes(exclude=model.parameters()) as saved:
         loss()
-    peak, seconds = peak_and_seconds(step, frames.device)
+    peak, seconds = peak_and_seconds(step, frames.device, timings)
     return StepCost(peak, saved.bytes, seconds)
 
 
-def peak_and_seconds(step: Callable[[], object], device: torch.device) -> tuple[int, float]:
-    """The peak bytes of ``step()`` (:func:`peak_memory`) and its wall time in a second run
-    without the profiler; the caller has warmed it up."""
+def peak_and_seconds(
+    step: Callable[[], object], device: torch.device, timings: int = 1
+) -> tuple[int, float]:
+    """The peak bytes of ``step()`` (:func:`peak_memory`) and its wall time, the fastest of
+    ``timings`` more runs without the profiler (noise only ever adds time); the caller has
+    warmed it up."""
     peak = peak_memory(step, device)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return peak, time.perf_counter() - start
+    seconds = []
+    for _ in range(timings):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return peak, min(seconds)

@@ -12,7 +12,9 @@ them before the first recompute, so they cost the larger of their activations an
 not the sum (measured, ResNet-18 at 32 px, k=8, T=128: 67.7 MB with nothing held and with 8
 frames held, then 0.46 MB more per frame held, up to 118.9 MB with all 128). For a T-frame step:
 
-    peak = fixed + T * per_frame + sum(held bytes) + max(recompute, held_base + kept * activation)
+    peak = fixed + T * per_frame + the largest, over the moments of backward, of what is held then
+           (the held base and kept activations at its start; at each chunk's recompute, the held
+           bytes of the chunks not yet done and that recompute's own peak; see _Split)
     time = T * (forward + backward) + sum(recompute seconds)
 
 ``per_frame`` grows with T whatever is held (the frames, features, the RNN's saved state, the
@@ -48,6 +50,7 @@ from distseq.memory.stages import stage_starts
 
 CHUNKS = (1, 2, 4, 8, 16, 32)  # chunk sizes the probe times
 THROUGHPUT_SLACK = 0.9  # the smallest k with at least 90% of the best frames/s
+TIMINGS = 3  # timed runs per chunk size, after a warm-up
 GB = 10**9
 _STAGE_FIELDS = ("stage_bytes", "stage_seconds", "stage_recompute_bytes")
 
@@ -120,6 +123,46 @@ class Layout:
     seconds: float
 
 
+@dataclass(frozen=True)
+class _Split:
+    """The chunks before the last ``kept`` frames, at two levels: ``lo`` first, then ``m`` at
+    ``hi``. Backward recomputes them in reverse, so the hi chunks go first, with every held
+    byte still there, and each lo chunk after the hi chunks have freed theirs. The peak above
+    ``fixed + T * per_frame`` is the largest of:
+
+    - the start of backward: the held base, the kept frames' activations, all held bytes;
+    - the first hi chunk's recompute (if hi is recomputed): all held bytes and its own peak;
+    - the first lo chunk's recompute: the lo chunks' held bytes and its own peak.
+
+    The first two grow with m and the last shrinks, so the largest m that fits the first two
+    is the best, if the last fits there.
+    """
+
+    probe: Probe
+    lo: Level
+    hi: Level
+    kept: int
+    rest: int  # frames in the chunks before the kept ones
+    chunks: int
+
+    def lo_frames(self, m: int) -> int:
+        # Every chunk but the sequence's last is k frames long, so the lo chunks in front are.
+        return min((self.chunks - m) * self.probe.chunk_frames, self.rest)
+
+    def rising(self, m: int) -> float:
+        lo, hi, p = self.lo, self.hi, self.probe
+        lo_frames = self.lo_frames(m)
+        held = lo_frames * lo.bytes + (self.rest - lo_frames) * hi.bytes
+        peak = p.held_base_bytes + self.kept * p.activation_bytes + held
+        if lo_frames < self.rest and hi.hold != 0:  # hold 0: whole chunks, not recomputed
+            peak = max(peak, held + hi.recompute_bytes)
+        return peak
+
+    def falling(self, m: int) -> float:
+        lo_frames = self.lo_frames(m)
+        return lo_frames * self.lo.bytes + self.lo.recompute_bytes if lo_frames else 0.0
+
+
 def _lower_hull(levels: list[Level]) -> list[Level]:
     """The levels that can be the best at some budget, by bytes: each faster than the one
     before, and below the line between its neighbours, so that no mix of two beats it."""
@@ -183,6 +226,7 @@ class Plan:
         hull = _lower_hull(p.levels())
         pairs = list(itertools.pairwise(hull)) or [(hull[0], hull[0])]
         base = p.fixed_bytes + frames * p.per_frame_bytes
+        room = self.budget_bytes - base
         plain = frames * (p.forward_seconds + p.backward_seconds)
         best = None
         kept = 0  # frames in the last w chunks, kept whole
@@ -190,19 +234,21 @@ class Plan:
             kept += 0 if w == 0 else min(k, frames - (n - w) * k)
             rest, chunks = frames - kept, n - w
             for lo, hi in pairs:
-                recompute = max(lo.recompute_bytes, hi.recompute_bytes) if chunks else 0.0
-                fixed = base + max(recompute, p.held_base_bytes + kept * p.activation_bytes)
-                room = self.budget_bytes - fixed - rest * lo.bytes
-                if room < 0:
+                split = _Split(p, lo, hi, kept, rest, chunks)
+                if split.rising(0) > room:
                     continue
-                extra = k * (hi.bytes - lo.bytes)
-                rich_chunks = chunks if extra <= 0 else min(chunks, int(room // extra))
-                rich = min(rich_chunks * k, rest)  # the first chunks: whole k frames each
-                peak = fixed + rich * hi.bytes + (rest - rich) * lo.bytes
-                seconds = plain + rich * hi.seconds + (rest - rich) * lo.seconds
+                low, high = 0, chunks  # the most chunks at hi whose rising terms fit
+                while low < high:
+                    mid = (low + high + 1) // 2
+                    low, high = (mid, high) if split.rising(mid) <= room else (low, mid - 1)
+                if split.falling(low) > room:
+                    continue
+                peak = base + max(split.rising(low), split.falling(low))
+                hi_frames = rest - split.lo_frames(low)
+                seconds = plain + hi_frames * hi.seconds + (rest - hi_frames) * lo.seconds
                 if best is None or (seconds, peak) < (best.seconds, best.peak_bytes):
-                    holds = [hi.hold] * rich_chunks + [lo.hold] * (chunks - rich_chunks)
-                    best = Layout((*holds, *[0] * w), peak, seconds)
+                    holds = [lo.hold] * (chunks - low) + [hi.hold] * low + [0] * w
+                    best = Layout(tuple(holds), peak, seconds)
         if best is None:  # not even the floor fits: check() says so
             floor = hull[0]
             seconds = plain + frames * floor.seconds
@@ -248,6 +294,27 @@ class Plan:
         )
 
 
+def fit(plan_at: Callable[[int], Plan], frames: int, say: Callable[[str], None]) -> Plan:
+    """The plan for T=``frames`` at the probe's chunk size or, where even its floor does not
+    fit, at the largest smaller one whose floor does, each probed anew (``plan_at(largest)``):
+    a smaller chunk recomputes a smaller piece at a time, and runs at its own, lower, speed.
+    Refuses in one line (Plan.check) when the smallest does not fit either."""
+    largest = max(CHUNKS)
+    while True:
+        plan = plan_at(largest)
+        k, floor = plan.probe.chunk_frames, plan.floor_bytes(frames)
+        smaller = [c for c in CHUNKS if c < k]
+        if floor <= plan.budget_bytes or not smaller:
+            plan.check(frames)
+            return plan
+        say(
+            f"memory plan: chunk={k} needs {format_size(floor)} at T={frames} with every chunk "
+            f"recomputed, above the budget of {format_size(plan.budget_bytes)}; probing smaller "
+            "chunks"
+        )
+        largest = max(smaller)
+
+
 def format_size(nbytes: float) -> str:
     """Bytes for people: GB from 0.1 GB up, else MB."""
     return f"{nbytes / GB:.3g} GB" if nbytes >= GB / 10 else f"{nbytes / 10**6:.3g} MB"
@@ -277,25 +344,81 @@ def resident_bytes(model: nn.Module) -> int:
 
 
 def _chunk_size(
-    model: nn.Module, chunked: ChunkedModel, frames: Callable[[int], torch.Tensor], window: int
+    model: nn.Module,
+    chunked: ChunkedModel,
+    frames: Callable[[int], torch.Tensor],
+    window: int,
+    largest: int,
 ) -> int:
-    """The smallest k in CHUNKS whose plain forward and backward reach 90% of the best frames/s
-    (a k-frame sequence, held whole: no recompute). The probe then runs 4k frames: k is at most
-    a quarter of the window, so that the probe never runs more frames than training does."""
+    """The smallest k in CHUNKS, up to ``largest``, whose plain forward and backward reach 90% of
+    the best frames/s (a k-frame sequence, held whole: no recompute). The probe then runs 4k
+    frames: k is at most a quarter of the window, so that the probe never runs more frames than
+    training does."""
     rates = {}
-    for k in [k for k in CHUNKS if 4 * k <= window] or [min(CHUNKS)]:
+    for k in [k for k in CHUNKS if 4 * k <= window and k <= largest] or [min(CHUNKS)]:
         x = frames(k)
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         chunked.keep_frames = k
-        for _ in range(2):  # the first run warms up (allocator, cuDNN autotuning)
+        seconds = []
+        for _ in range(1 + TIMINGS):  # the first run warms up (allocator, cuDNN autotuning)
             _sync(x.device)
             start = time.perf_counter()
             model(x, mask).float().sum().backward()
             _sync(x.device)
-        rates[k] = x.shape[0] * k / (time.perf_counter() - start)
+            seconds.append(time.perf_counter() - start)
+        # The fastest run: noise only ever adds time, and one run each flipped the choice
+        # between neighbouring sizes on this CPU.
+        rates[k] = x.shape[0] * k / min(seconds[1:])
         model.zero_grad(set_to_none=True)
     best = max(rates.values())
     return min(k for k, rate in rates.items() if rate >= THROUGHPUT_SLACK * best)
+
+
+def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -> list[float]:
+    """Seconds a frame of the CNN's forward takes before each stage from the second on begins,
+    and in all (the last entry): what a recompute that holds from that stage on still runs.
+
+    Timed within forwards of ``x`` (every chunk held, gradients on, as in a recompute), from the
+    backbone's start to each stage's start and to its end, summed over the chunks and over
+    TIMINGS runs after a warm-up. The stages of one forward are timed against each other, so
+    they never reorder. Timing each split as a step of its own, and the forward as the
+    difference of two steps, did: on the CPU's noise of a few percent of a step, holding more
+    looked slower than holding less, and the forward of ResNet-18 at 64 px (k=8) came out
+    0.8 ms a frame in one probe and 2.8 in the next.
+    """
+    marks: list[tuple[int, float]] = []
+    end = len(chunked.stages) + 1
+
+    def mark(stage: int) -> Callable[..., None]:
+        def hook(*args: object) -> None:
+            _sync(x.device)
+            marks.append((stage, time.perf_counter()))
+
+        return hook
+
+    backbone = chunked.backbone
+    hooks = [backbone.register_forward_pre_hook(mark(0)), backbone.register_forward_hook(mark(end))]
+    hooks += [
+        backbone.get_submodule(name).register_forward_pre_hook(mark(i))
+        for i, name in enumerate(chunked.stages, start=1)
+    ]
+    chunked.plan = lambda frames: [0] * math.ceil(frames / chunked.chunk_frames)
+    mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    try:
+        for run in range(1 + TIMINGS):
+            if run == 1:
+                marks.clear()  # the first run warms up
+            model(x, mask)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    before = [0.0] * (end + 1)
+    start = 0.0
+    for stage, at in marks:
+        start = at if stage == 0 else start
+        before[stage] += at - start
+    frames = TIMINGS * x.shape[1]
+    return [seconds / frames for seconds in before[1:]]
 
 
 def _sync(device: torch.device) -> None:
@@ -332,11 +455,12 @@ def probe(
     window: int,
     device: torch.device,
     frames_on_host: bool = False,
+    largest: int = max(CHUNKS),
 ) -> Probe:
     """Measure ``model`` (``chunked``, or it wrapped for FSDP/DDP) on random frames, and leave
     both as they were, but for the stages it finds (ChunkedModel.hold_stages).
     ``frames_on_host``: memory.offload=frames, the frames stay in (pinned) host memory and cost
-    the device nothing per frame."""
+    the device nothing per frame. ``largest``: the largest chunk size to consider."""
     g = torch.Generator().manual_seed(0)
 
     def frames(t: int) -> torch.Tensor:
@@ -345,12 +469,12 @@ def probe(
             return x.pin_memory() if device.type == "cuda" else x
         return x.to(device)
 
-    def step(t: int, hold: int) -> StepCost:
+    def step(t: int, hold: int, timings: int = 1) -> StepCost:
         chunked.plan = lambda frames: [hold] * math.ceil(frames / chunked.chunk_frames)
         x = frames(t)
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
         labels = torch.randint(0, classes, x.shape[:2], generator=g).to(device)
-        return measure_step(model, x, mask, labels)
+        return measure_step(model, x, mask, labels, timings)
 
     with _left_as_it_was(model, chunked, device):
         # Holding stages takes non-reentrant checkpoint's early stop, which fairscale has not.
@@ -359,27 +483,24 @@ def probe(
         chunked.hold_stages(starts)
         nothing = len(chunked.stages) + 1
         chunked.chunk_frames = max(CHUNKS)  # one chunk per timed sequence
-        k = _chunk_size(model, chunked, frames, window)
+        k = _chunk_size(model, chunked, frames, window, largest)
         chunked.chunk_frames = k
         short, long = 2 * k, 4 * k
         recomputed_short = step(short, nothing)
         recomputed = step(long, nothing)
-        plain = step(long, 0)
+        plain = step(long, 0, TIMINGS)
         # Held stages go to the chunk's own saved-tensor hooks, out of SavedTensorBytes' sight,
         # so their bytes come from the peak's growth between two lengths.
         staged = [(step(short, hold), step(long, hold)) for hold in range(1, nothing)]
+        *before_stages, forward = _forward_seconds(model, chunked, frames(long))
 
     def per_frame(at_short: StepCost, at_long: StepCost) -> float:
         return (at_long.peak_bytes - at_short.peak_bytes) / (long - short)
 
     in_step = per_frame(recomputed_short, recomputed)
 
-    def recompute_seconds(cost: StepCost) -> float:
-        return max(0.0, (cost.seconds - plain.seconds) / long)
-
     # What autograd saves outside recompute, exactly: a held frame adds its CNN's saved tensors.
     activation = max(0.0, (plain.saved_bytes - recomputed.saved_bytes) / long)
-    forward = recompute_seconds(recomputed)
     return Probe(
         chunk_frames=k,
         fixed_bytes=resident_bytes(model),
@@ -392,6 +513,6 @@ def probe(
         forward_seconds=forward,
         backward_seconds=max(0.0, plain.seconds / long - forward),
         stage_bytes=tuple(max(0.0, per_frame(*c) - in_step) for c in staged),
-        stage_seconds=tuple(recompute_seconds(c[1]) for c in staged),
+        stage_seconds=tuple(before_stages),
         stage_recompute_bytes=tuple(c[1].peak_bytes - long * per_frame(*c) for c in staged),
     )

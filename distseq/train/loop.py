@@ -32,7 +32,7 @@ from distseq.errors import TrainingError
 from distseq.evaluate.validate import validate
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
-from distseq.memory.plan import Plan, Probe, budget_bytes, format_size, probe
+from distseq.memory.plan import Plan, Probe, budget_bytes, fit, format_size, probe
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.head import Carry
 from distseq.model.video import build_model
@@ -107,12 +107,23 @@ def _plan_memory(
     frames, and let the plan set each chunk's hold for each T from now on (memory.plan)."""
     budget = budget_bytes(cfg.memory.budget, info.device)
     data, on_host = cfg.data, cfg.memory.offload is Offload.frames
-    measured = probe(
-        model, chunked, data.batch_size, data.size, classes, data.window, info.device, on_host
-    )
-    agreed = Probe.from_tensor(from_rank_zero(measured.as_tensor().to(info.device)))
-    plan = Plan(agreed, budget, tuple(chunked.stages))
-    plan.check(cfg.data.window)
+
+    def plan_at(largest: int) -> Plan:
+        measured = probe(
+            model,
+            chunked,
+            data.batch_size,
+            data.size,
+            classes,
+            data.window,
+            info.device,
+            on_host,
+            largest,
+        )
+        agreed = Probe.from_tensor(from_rank_zero(measured.as_tensor().to(info.device)))
+        return Plan(agreed, budget, tuple(chunked.stages))
+
+    plan = fit(plan_at, data.window, _say if info.is_main else _silent)
     if info.is_main:
         print(f"memory plan: {plan.describe(cfg.data.window)}", flush=True)
     plan.apply(chunked)
@@ -120,6 +131,10 @@ def _plan_memory(
 
 def _silent(text: str) -> None:
     pass
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
 
 
 def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict[str, float]:

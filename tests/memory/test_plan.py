@@ -112,13 +112,17 @@ HAND = Probe(
 @pytest.mark.parametrize(
     ("budget", "holds", "peak", "seconds"),
     [
-        # 108 for 8 frames, then the 20 of recompute: the floor, all 4 chunks recomputed.
-        # Keeping the last chunk whole (2 x 10) fits under the same 20: 16 + 6 x 1 s.
-        (128, (2, 2, 2, 0), 128, 22.0),
-        # 4 more: one chunk's late stage held too: 16 + 2 x 0.25 + 4 x 1 s.
-        (132, (1, 2, 2, 0), 132, 20.5),
-        # 8 more: every chunk's late stage held beats any whole chunk: 108 + 12 + 8 x 2.
+        # 108 for 8 frames, then 20 for the first recompute: the floor. Two chunks' late stages
+        # fit in it too, recomputed first, at 12 + 2 x 2 x 2 = 20; then the rest recompute at
+        # 20 with those freed: 16 + 4 x 0.25 + 4 x 1 s.
+        (128, (2, 2, 1, 1), 128, 21.0),
+        # 4 more: three chunks' late stages: 16 + 6 x 0.25 + 2 x 1 s.
+        (132, (2, 1, 1, 1), 132, 19.5),
+        # 8 more: every chunk's late stage: 108 + 12 + 8 x 2 for the first recompute.
         (136, (1, 1, 1, 1), 136, 18.0),
+        # 12 more: the last chunk whole instead (2 x 10 freed before the first recompute, at
+        # 12 + 6 x 2), the rest holding their late stages: 16 + 6 x 0.25 s.
+        (140, (1, 1, 1, 0), 140, 17.5),
     ],
 )
 def test_the_plan_is_the_best_layout_worked_by_hand(
@@ -134,9 +138,9 @@ def test_the_plan_is_the_best_layout_worked_by_hand(
 
 
 def test_the_plan_line_says_what_is_held() -> None:
-    assert Plan(HAND, 132 * MB, ("layer4",)).describe(8) == (
-        "T=8 chunk=2: 1/4 chunks kept, 1 holds stage 2 of 2 (from layer4); predicted peak "
-        "0.132 GB of 0.132 GB, recompute 56% of forward time"
+    assert Plan(HAND, 140 * MB, ("layer4",)).describe(8) == (
+        "T=8 chunk=2: 1/4 chunks kept, 3 hold stage 2 of 2 (from layer4); predicted peak "
+        "0.14 GB of 0.14 GB, recompute 19% of forward time"
     )
     with pytest.raises(ConfigError, match=r"below the 0\.128 GB that T=8 needs"):
         Plan(HAND, 127 * MB).check(8)
@@ -154,3 +158,35 @@ def test_a_level_above_the_line_between_its_neighbours_is_never_used() -> None:
     assert [level.hold for level in planning._lower_hull(probe.levels())] == [3, 1, 0]
     for budget in range(128, 200, 2):
         assert 2 not in Plan(probe, budget * MB).holds(8)
+
+
+def test_a_floor_above_the_budget_is_tried_again_at_a_smaller_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The probe would choose chunks of 4 (the largest allowed, here), whose floor is above the
+    # budget; chunks of 2 recompute half as much at a time and fit.
+    monkeypatch.setattr(planning, "CHUNKS", (2, 4))
+    monkeypatch.setattr(planning, "_chunk_size", lambda *args: min(4, args[-1]))
+    model = tiny_model("torch", chunk=8)
+    floors = {
+        k: Plan(probe(model, model, 1, SIZE, 3, T, CPU, largest=k), 0).floor_bytes(T)
+        for k in (2, 4)
+    }
+    assert floors[2] < floors[4]
+    budget = int((floors[2] + floors[4]) / 2)
+    probed, said = [], []
+
+    def plan_at(largest: int) -> Plan:
+        probed.append(largest)
+        return Plan(probe(model, model, 1, SIZE, 3, T, CPU, largest=largest), budget)
+
+    plan = planning.fit(plan_at, T, said.append)
+    assert probed == [4, 2] and plan.probe.chunk_frames == 2
+    assert plan.peak_bytes(T) <= budget
+    assert len(said) == 1 and said[0].startswith("memory plan: chunk=4 needs "), said
+    # Below the smallest chunk's floor too: the one-line refusal, after trying both.
+    probed.clear()
+    budget = int(floors[2]) - 1
+    with pytest.raises(ConfigError, match="every chunk of 2 recomputed"):
+        planning.fit(plan_at, T, said.append)
+    assert probed == [4, 2]
