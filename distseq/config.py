@@ -217,7 +217,8 @@ class MemoryConfig:
     keep_frames: int = 0
     offload: Offload = Offload.none
     # Device memory for a training step ("40GB", or "0.5" of the device): the plan picks
-    # chunk_frames and keep_frames for each T to recompute as little as fits. "": no plan.
+    # chunk_frames and, for each T, the chunks kept whole and the CNN stages each other chunk
+    # holds, to recompute as little as fits. "": no plan.
     budget: str = ""
 
     def __post_init__(self) -> None:

@@ -77,6 +77,7 @@ class Row:
     # chunked: what chunking cannot avoid (bench memory's floor), and the parameter gradients
     floor_bytes: int | None = None
     gradient_bytes: int | None = None
+    plan: str | None = None  # planner rows: the plan's line, as training prints it
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,9 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
         model = case.model(Recompute.torch, plan.probe.chunk_frames)
         plan.apply(model)
         model.prefetch_frames = data is not batch  # offloaded, as memory.offload=frames runs
-        return measure(model, _whole, approach, plan, data)
+        row = measure(model, _whole, approach, plan, data)
+        row.plan = plan.describe(case.frames)
+        return row
 
     blocks = case.model(Recompute.none, case.frames)
     apply_activation_checkpointing(blocks, check_fn=lambda m: isinstance(m, BLOCKS))
@@ -303,7 +306,15 @@ def bench_compare(args: argparse.Namespace) -> list[Row]:
         if args.json:
             for row in got:
                 print(json.dumps(asdict(row)), flush=True)
-    text = table(rows, case) + "\n\n" + "\n".join(f"- {t}" for t in targets(rows)) + "\n"
+    plans = [f"- {r.approach}: {r.plan}" for r in rows if r.plan]
+    text = (
+        table(rows, case)
+        + "\n\n"
+        + "\n".join(f"- {t}" for t in targets(rows))
+        + "\n\nThe plans:\n\n"
+        + "\n".join(plans)
+        + "\n"
+    )
     write_atomic(out / "compare.md", text.encode())
     write_atomic(out / "compare.json", json.dumps([asdict(r) for r in rows], indent=1).encode())
     plot(rows, case, probes, out / "compare.png")

@@ -49,18 +49,20 @@ def test_every_row_and_column(
     budgets = [r["budget_bytes"] for r in rows[4:]]
     assert budgets[:3] == [int(s * plain_peak) for s in (0.25, 0.5, 0.75)]
     assert budgets[3] == by["tbptt64"]["peak_bytes"] and budgets[4] == budgets[1]
+    table = (tmp_path / "compare.md").read_text()
     ran = [r for r in rows[4:] if r["peak_bytes"] is not None]
     assert len(ran) >= 2, rows[4:]
     for r in ran:
         assert r["peak_bytes"] <= r["budget_bytes"] and r["exact"] is True
         assert abs(r["peak_bytes"] - r["predicted_peak_bytes"]) < 0.05 * r["peak_bytes"]
         assert r["bound_seconds"] > 0 and r["step_seconds"] > 0
+        assert r["plan"].startswith("T=96 chunk=4: ") and r["plan"] in table
+    assert all(r["plan"] is None for r in rows if r not in ran)
     for r in rows[4:]:
         if r["peak_bytes"] is None:  # below the floor: nothing ran, nothing made up
             assert r["step_seconds"] is None and r["exact"] is None
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert saved == rows
-    table = (tmp_path / "compare.md").read_text()
     assert table.count("\n| 96 | ") == 9 and "x bound" in table
     image = decode_png(
         torch.frombuffer(bytearray((tmp_path / "compare.png").read_bytes()), dtype=torch.uint8)
