@@ -287,6 +287,10 @@ class Plan:
             for h in sorted(counts)
             if 0 < h < stages
         ]
+        if counts[stages]:
+            held.append(
+                f"{counts[stages]} {'recomputes' if counts[stages] == 1 else 'recompute'} all"
+            )
         rest = f", {' and '.join(held)}" if held else ""
         forward = frames * p.forward_seconds
         recompute = (layout.seconds - frames * (p.forward_seconds + p.backward_seconds)) / forward

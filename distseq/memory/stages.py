@@ -4,7 +4,7 @@ Each stage of a CNN works at one spatial resolution and the next begins where th
 shrinks. The early, high-resolution stages hold most of a frame's activation bytes for fewer of
 its FLOPs, so holding the late stages and recomputing the early ones buys the most time per
 byte (measured by the plan's probe, ResNet-18 at 64 px on the CPU: the stem and layer1 hold 68%
-of a frame's activation bytes, and recomputing only them took 37% of the forward's time).
+of a frame's activation bytes, and recomputing only them takes 45% of the forward's time).
 """
 
 from __future__ import annotations

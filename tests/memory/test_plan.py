@@ -142,6 +142,10 @@ def test_the_plan_line_says_what_is_held() -> None:
         "T=8 chunk=2: 1/4 chunks kept, 3 hold stage 2 of 2 (from layer4); predicted peak "
         "0.14 GB of 0.14 GB, recompute 19% of forward time"
     )
+    assert Plan(HAND, 132 * MB, ("layer4",)).describe(8) == (
+        "T=8 chunk=2: 0/4 chunks kept, 3 hold stage 2 of 2 (from layer4) and 1 recomputes all; "
+        "predicted peak 0.132 GB of 0.132 GB, recompute 44% of forward time"
+    )
     with pytest.raises(ConfigError, match=r"below the 0\.128 GB that T=8 needs"):
         Plan(HAND, 127 * MB).check(8)
 
