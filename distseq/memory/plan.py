@@ -385,7 +385,7 @@ def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -
     """Seconds a frame of the CNN's forward takes before each stage from the second on begins,
     and in all (the last entry): what a recompute that holds from that stage on still runs.
 
-    Timed within forwards of ``x`` (every chunk held, gradients on, as in a recompute), from the
+    Timed within the forwards of steps on ``x`` (every chunk held, as in a recompute), from the
     backbone's start to each stage's start and to its end, summed over the chunks and over
     TIMINGS runs after a warm-up. The stages of one forward are timed against each other, so
     they never reorder. Timing each split as a step of its own, and the forward as the
@@ -415,7 +415,9 @@ def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -
         for run in range(1 + TIMINGS):
             if run == 1:
                 marks.clear()  # the first run warms up
-            model(x, mask)
+            # With its backward: a sharded model's forward alone leaves the parameters
+            # gathered, and an optimizer built next would hold the gathered ones.
+            model(x, mask).float().sum().backward()
     finally:
         for hook in hooks:
             hook.remove()
