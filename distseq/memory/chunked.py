@@ -107,7 +107,7 @@ def _fairscale_bn_hooks(backbone: nn.Module) -> None:
 
 class ChunkedModel(VideoModel):
     """A :class:`VideoModel` whose backbone runs ``chunk_frames`` frames at a time, each chunk
-    recomputed in backward; the same modules under the same names.
+    recomputed in backward as far as its hold asks; the same modules under the same names.
 
     This module owns the chunk loop, so sharding it as one unit gathers the CNN's parameters once
     per step rather than once per chunk and recompute (docs/design.md, "Communication").
