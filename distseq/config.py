@@ -188,7 +188,7 @@ class ModelConfig:
     head: HeadConfig = field(default_factory=HeadConfig)
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _BUDGET_RE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*")
 
@@ -204,7 +204,7 @@ def parse_budget(text: str) -> int | float:
     if not unit and "." in match[1]:
         _check(0 < number <= 1, "memory.budget", text, want)
         return number
-    _check(unit in _UNITS and unit != "" and number > 0, "memory.budget", text, want)
+    _check(unit in _UNITS and number > 0, "memory.budget", text, want)
     return int(number * _UNITS[unit])
 
 

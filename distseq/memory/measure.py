@@ -23,7 +23,15 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-__all__ = ["SavedTensorBytes", "StepCost", "measure_step", "peak_and_seconds", "peak_memory"]
+__all__ = [
+    "SavedTensorBytes",
+    "StepCost",
+    "fastest_seconds",
+    "measure_step",
+    "peak_and_seconds",
+    "peak_memory",
+    "synchronize",
+]
 
 
 def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
@@ -233,16 +241,23 @@ def peak_and_seconds(
     step: Callable[[], object], device: torch.device, timings: int = 1
 ) -> tuple[int, float]:
     """The peak bytes of ``step()`` (:func:`peak_memory`) and its wall time, the fastest of
-    ``timings`` more runs without the profiler (noise only ever adds time); the caller has
-    warmed it up."""
-    peak = peak_memory(step, device)
+    ``timings`` more runs without the profiler; the caller has warmed it up."""
+    return peak_memory(step, device), fastest_seconds(step, device, timings)
+
+
+def fastest_seconds(step: Callable[[], object], device: torch.device, runs: int) -> float:
+    """The wall time of the fastest of ``runs`` runs of ``step()``: noise only ever adds time."""
     seconds = []
-    for _ in range(timings):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    for _ in range(runs):
+        synchronize(device)
         start = time.perf_counter()
         step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(device)
         seconds.append(time.perf_counter() - start)
-    return peak, min(seconds)
+    return min(seconds)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work, so that a wall time covers it; nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

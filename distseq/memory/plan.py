@@ -33,6 +33,7 @@ the best measured, so that small chunks do not starve a GPU.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -47,7 +48,7 @@ from torch import nn
 from distseq.config import Recompute, parse_budget
 from distseq.errors import ConfigError
 from distseq.memory.chunked import ChunkedModel
-from distseq.memory.measure import StepCost, measure_step
+from distseq.memory.measure import StepCost, fastest_seconds, measure_step, synchronize
 from distseq.memory.stages import stage_starts
 
 CHUNKS = (1, 2, 4, 8, 16, 32)  # chunk sizes the probe times
@@ -366,19 +367,18 @@ def _chunk_size(
         x = frames(k)
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         chunked.keep_frames = k
-        seconds = []
-        for _ in range(1 + TIMINGS):  # the first run warms up (allocator, cuDNN autotuning)
-            _sync(x.device)
-            start = time.perf_counter()
-            model(x, mask).float().sum().backward()
-            _sync(x.device)
-            seconds.append(time.perf_counter() - start)
-        # The fastest run: noise only ever adds time, and one run each flipped the choice
-        # between neighbouring sizes on this CPU.
-        rates[k] = x.shape[0] * k / min(seconds[1:])
+        step = functools.partial(_forward_backward, model, x, mask)
+        step()  # warm-up: allocator, cuDNN autotuning
+        # The fastest of a few runs: one run each flipped the choice between neighbouring
+        # sizes on this CPU.
+        rates[k] = x.shape[0] * k / fastest_seconds(step, x.device, TIMINGS)
         model.zero_grad(set_to_none=True)
     best = max(rates.values())
     return min(k for k, rate in rates.items() if rate >= THROUGHPUT_SLACK * best)
+
+
+def _forward_backward(model: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> None:
+    model(x, mask).float().sum().backward()
 
 
 def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -> list[float]:
@@ -398,7 +398,7 @@ def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -
 
     def mark(stage: int) -> Callable[..., None]:
         def hook(*args: object) -> None:
-            _sync(x.device)
+            synchronize(x.device)
             marks.append((stage, time.perf_counter()))
 
         return hook
@@ -417,7 +417,7 @@ def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -
                 marks.clear()  # the first run warms up
             # With its backward: a sharded model's forward alone leaves the parameters
             # gathered, and an optimizer built next would hold the gathered ones.
-            model(x, mask).float().sum().backward()
+            _forward_backward(model, x, mask)
     finally:
         for hook in hooks:
             hook.remove()
@@ -428,11 +428,6 @@ def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -
         before[stage] += at - start
     frames = TIMINGS * x.shape[1]
     return [seconds / frames for seconds in before[1:]]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @contextmanager
