@@ -6,7 +6,6 @@ is refused where it is loaded: before ``distseq submit`` queues a job, not on th
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from distseq.errors import ConfigError, first_line
+from distseq.units import parse_budget
 
 
 class Norm(str, Enum):
@@ -186,26 +186,6 @@ class HeadConfig:
 class ModelConfig:
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
-
-
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_BUDGET_RE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*")
-
-
-def parse_budget(text: str) -> int | float:
-    """``memory.budget`` as bytes (``40GB``, ``512MiB``: an int) or as a fraction of the
-    device's memory (``0.5``: a float in (0, 1])."""
-    match = _BUDGET_RE.fullmatch(text.lower())
-    want = "must be bytes with a unit (40GB, 512MiB) or a fraction of the device in (0, 1]"
-    _check(match is not None, "memory.budget", text, want)
-    assert match is not None
-    number, unit = float(match[1]), match[2]
-    if not unit and "." in match[1]:
-        _check(0 < number <= 1, "memory.budget", text, want)
-        return number
-    _check(unit in _UNITS and number > 0, "memory.budget", text, want)
-    return int(number * _UNITS[unit])
 
 
 @dataclass

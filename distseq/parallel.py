@@ -1,6 +1,8 @@
-"""Process group set-up and model wrapping: FSDP2 ``fully_shard``, DDP, or nothing.
+"""Process group set-up and model wrapping: FSDP2 ``fully_shard``, DDP, or nothing; the
+collectives the rest of the package needs; and its one voice, rank 0's (``say``).
 
-gloo on CPU and NCCL on GPU run the same code. FSDP1 (``FullyShardedDataParallel``) is not
+The only module that talks to ``torch.distributed`` (a contract ``lint-imports`` keeps). gloo on
+CPU and NCCL on GPU run the same code. FSDP1 (``FullyShardedDataParallel``) is not
 offered: with fairscale's checkpoint wrapper it either crashes or silently leaves the CNN
 without updates (docs/design.md, "FSDP1 fails silently").
 """
@@ -8,20 +10,23 @@ without updates (docs/design.md, "FSDP1 fails silently").
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TextIO, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
 from distseq.config import ParallelConfig, ParallelMode, Precision
 from distseq.errors import ConfigError
-from distseq.memory.chunked import batchnorms
+from distseq.model.norms import batchnorms
 from distseq.model.video import VideoModel
 
 
@@ -57,6 +62,16 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
 def rank_world() -> tuple[int, int]:
     """(rank, world size) of the process group; (0, 1) without one."""
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def say(text: str, file: TextIO | None = None) -> None:
+    """Print ``text`` (to ``file``, stdout by default) on rank 0 alone: the package's one voice
+    (docs/design.md, "One voice"); the other ranks print only errors, which name their rank.
+    Above a progress bar if one is running: tqdm's write clears the bar and draws it again."""
+    if rank_world()[0] == 0:
+        out = file or sys.stdout
+        tqdm.write(text, file=out)
+        out.flush()
 
 
 def barrier() -> None:
@@ -145,6 +160,19 @@ def from_rank_zero(x: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.broadcast(x, src=0)
     return x
+
+
+T = TypeVar("T")
+
+
+def all_gather_objects(items: list[T]) -> list[T]:
+    """Every rank's ``items``, in rank order, on every rank; ``items`` without a group. Only for
+    the package's own small records (pickled on the way): never shard data."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(items)
+    parts: list[list[T] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, items)
+    return [item for part in parts for item in part or []]
 
 
 def average_batchnorm_stats(model: nn.Module) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import matplotlib
@@ -50,7 +50,8 @@ from distseq.config import Recompute
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import peak_and_seconds
-from distseq.memory.plan import Plan, Probe, probe, resident_bytes
+from distseq.memory.plan import Plan, Probe
+from distseq.memory.probe import RunShape, probe, resident_bytes
 from distseq.model.head import Carry
 
 TBPTT = 64
@@ -133,7 +134,8 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     plain = case.model(Recompute.none, case.frames)
     before = resident_bytes(plain) + batch[0].numel()  # on the device before any step
     chunked = case.model(Recompute.torch, case.chunk)
-    measured = probe(chunked, chunked, 1, case.size, CLASSES, case.frames, case.device)
+    shape = RunShape(1, case.size, CLASSES, case.frames, case.device)
+    measured = probe(chunked, chunked, shape)
     stages = tuple(chunked.stages)
     reference = _grads(plain, _whole, batch)
 
@@ -181,7 +183,7 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     # Frame offload at half of plain's peak: the frames leave the device, so the same step
     # budget is over a device that holds no frames (on the CPU, host and device are one).
     frames = batch[0].pin_memory() if case.device.type == "cuda" else batch[0]
-    on_host = probe(chunked, chunked, 1, case.size, CLASSES, case.frames, case.device, True)
+    on_host = probe(chunked, chunked, replace(shape, frames_on_host=True))
     half = before - batch[0].numel() + int(SHARES[1] * plain_peak)
     rows.append(planned("planner_offload", Plan(on_host, half, stages), (frames, *batch[1:])))
     for row in rows:

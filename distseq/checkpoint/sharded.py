@@ -52,7 +52,8 @@ from distseq.config import Config, to_dict
 from distseq.errors import TrainingError, first_line
 from distseq.files import write_atomic
 from distseq.model.head import RNNState
-from distseq.parallel import any_rank, barrier, rank_world
+from distseq.parallel import any_rank, barrier, rank_world, say
+from distseq.units import MIB
 
 # 3: canonical state-dict keys (backbone.*, head.*), no memory wrapper in them; data.window.
 FORMAT = 3
@@ -95,11 +96,6 @@ class Resumed:
     position: Position
     world: int  # ranks that saved it
     metrics: dict[str, float]  # as at the saved step
-
-
-def _notice(message: str) -> None:
-    if rank_world()[0] == 0:
-        print(f"distseq: {message}", file=sys.stderr, flush=True)
 
 
 def _first_line(error: BaseException) -> str:
@@ -244,12 +240,11 @@ def _save_failed(
         reason = "another rank failed" if error is None else _first_line(error)
         return TrainingError(f"checkpoint {tmp} could not be written: {reason}")
     latest = latest_checkpoint(root)
-    mib = 2**20
     return TrainingError(
         f"checkpoint {tmp.name} could not be written: the device of {root} is full "
-        f"({free / mib:.1f} MiB free; one checkpoint needs about {need / mib:.1f} MiB, and "
+        f"({free / MIB:.1f} MiB free; one checkpoint needs about {need / MIB:.1f} MiB, and "
         f"train.keep_last={keep_last} of them plus the one being written must fit, about "
-        f"{(keep_last + 1) * need / mib:.1f} MiB); the partial save is removed, and a relaunch "
+        f"{(keep_last + 1) * need / MIB:.1f} MiB); the partial save is removed, and a relaunch "
         f"with room or a smaller train.keep_last resumes from "
         f"{latest.name if latest else 'the start'}"
     )
@@ -371,10 +366,11 @@ def _check_compatible(path: Path, meta: dict[str, Any], state: TrainState) -> No
         )
     others = [key for k in now for key, _ in _differences(saved.get(k), now[k], k)]
     if others:
-        _notice(
-            f"config keys changed since {path.name}: {', '.join(others)}; optimizer "
+        say(
+            f"distseq: config keys changed since {path.name}: {', '.join(others)}; optimizer "
             "hyperparameters (lr, weight decay) stay as saved, the LR schedule follows the new "
-            "train.steps and optim.warmup_steps"
+            "train.steps and optim.warmup_steps",
+            sys.stderr,
         )
 
 
@@ -393,7 +389,7 @@ def load_checkpoint(path: Path, state: TrainState) -> Resumed:
     )
     state.schedule.load_state_dict(meta["schedule"])
     position = Position(**meta["position"])
-    _notice(f"resuming from {path} at step {position.step}")
+    say(f"distseq: resuming from {path} at step {position.step}", sys.stderr)
     return Resumed(path, position, meta["world"], meta["metrics"])
 
 
@@ -412,9 +408,10 @@ def read_rank_state(resumed: Resumed) -> RankState:
             if world > resumed.world
             else ""
         )
-        _notice(
-            f"{resumed.path} was saved with world size {resumed.world}, resuming with {world}: "
-            f"data order and random draws differ from the saved run{reseeded}"
+        say(
+            f"distseq: {resumed.path} was saved with world size {resumed.world}, resuming with "
+            f"{world}: data order and random draws differ from the saved run{reseeded}",
+            sys.stderr,
         )
     if rank >= resumed.world:
         return RankState()

@@ -8,13 +8,14 @@ number of ranks and the padding.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from distseq.data.batch import Batch
-from distseq.evaluate.metrics import VideoCounts, count_video, summarize
+from distseq.evaluate.metrics import METRICS, VideoCounts, count_video, summarize
+from distseq.parallel import all_gather_objects
 
 
 @torch.no_grad()
@@ -36,12 +37,24 @@ def video_probabilities(
         model.train(was_training)
 
 
+# What a training run logs of each validation, as ``val_<name>``: per-frame accuracy over all
+# labelled frames (as the loss counts them), then the phase metrics' means over the videos.
+VALIDATION = ("accuracy", "video_accuracy", *METRICS[1:])
+
+
+def validation_scores(report: dict[str, Any]) -> dict[str, float]:
+    """``val_<name>`` for each name of VALIDATION, from a report of :func:`validate` (strict:
+    no relaxed window)."""
+    scores = {"val_accuracy": report["frame_level"]["accuracy"]}
+    scores["val_video_accuracy"] = report["accuracy"]["mean"]
+    for metric in METRICS[1:]:
+        scores[f"val_{metric}"] = report[metric]["mean"]
+    return scores
+
+
 def gather(counts: list[VideoCounts]) -> list[VideoCounts]:
     """Every rank's videos on every rank, in key order."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        parts: list[list[VideoCounts] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, counts)  # our own small records, never shard data
-        counts = [c for part in parts for c in part or []]
+    counts = all_gather_objects(counts)
     keys = [c.key for c in counts]
     if len(set(keys)) != len(keys):
         raise ValueError(

@@ -4,18 +4,18 @@ Only each chunk's input (a uint8 slice of the sequence, already in memory) and i
 outlive the chunk's forward; the CNN's inner activations are recomputed chunk by chunk in
 backward. Gradients are those of the plain model (docs/design.md, "Exact gradients").
 
-What each chunk holds from forward to backward is its *hold*, the first of the backbone's stages
-(memory.stages) whose activations it keeps:
+What each chunk keeps from forward to backward is its :class:`Hold`, the first of the backbone's
+stages (memory.stages) whose activations it keeps:
 
-- 0, the whole chunk: it is not checkpointed. The chunks of the last ``keep_frames`` frames do
-  this; backward visits the chunks in reverse, so those are consumed and freed before the first
-  recompute, and they cost memory only beyond one recomputed chunk's.
-- ``len(stages) + 1``, nothing: plain checkpointing, every activation recomputed.
-- in between, the late stages: the chunk is checkpointed, but what its ops save for backward
-  from that stage on goes to saved-tensor hooks of its own, which keep it. Backward recomputes
-  only the early stages: torch's recompute stops once it has saved again every tensor the
-  checkpoint dropped (non-reentrant checkpoint's early stop), which is where the held stages
-  begin.
+- ``WHOLE``, stage 0: the chunk is not checkpointed. The chunks of the last ``keep_frames``
+  frames do this; backward visits the chunks in reverse, so those are consumed and freed before
+  the first recompute, and they cost memory only beyond one recomputed chunk's.
+- ``NOTHING``: plain checkpointing, every activation recomputed.
+- ``Hold(h)``, the late stages from the h-th stage start on: the chunk is checkpointed, but what
+  its ops save for backward from that stage on goes to saved-tensor hooks of its own, which keep
+  it. Backward recomputes only the early stages: torch's recompute stops once it has saved again
+  every tensor the checkpoint dropped (non-reentrant checkpoint's early stop), which is where
+  the held stages begin.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,7 +38,25 @@ from torch.utils.checkpoint import checkpoint
 from distseq.config import Recompute
 from distseq.memory.prefetch import FramePrefetch, to_device
 from distseq.model.head import TemporalHead
+from distseq.model.norms import batchnorms
 from distseq.model.video import VideoModel
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What a chunk keeps from its forward for its backward (module docstring)."""
+
+    # The first stage whose activations are kept: 0 the whole chunk, h >= 1 the stages from the
+    # h-th stage start (ChunkedModel.stages[h - 1]) on; None: nothing, every activation recomputed.
+    stage: int | None
+
+    @property
+    def whole(self) -> bool:
+        return self.stage == 0
+
+
+WHOLE = Hold(0)
+NOTHING = Hold(None)
 
 
 @contextmanager
@@ -62,10 +81,6 @@ def frozen_bn_stats(bns: list[_BatchNorm]) -> Iterator[None]:
             if tracked is not None:
                 assert bn.num_batches_tracked is not None
                 bn.num_batches_tracked.copy_(tracked)
-
-
-def batchnorms(module: nn.Module) -> list[_BatchNorm]:
-    return [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
 
 
 def _fairscale_bn_hooks(backbone: nn.Module) -> None:
@@ -135,7 +150,7 @@ class ChunkedModel(VideoModel):
         self.stages: list[str] = []
         # memory.budget: each chunk's hold for a T-frame sequence (memory.plan), in place of
         # keep_frames.
-        self.plan: Callable[[int], list[int]] | None = None
+        self.plan: Callable[[int], list[Hold]] | None = None
         self._stage = 0  # the stage the running chunk is in
         self._holding: int | None = None  # in a chunk's first forward: the stage it holds from
         self._held = ExitStack()  # the running chunk's held-tensor hooks, once pushed
@@ -170,13 +185,13 @@ class ChunkedModel(VideoModel):
         return nullcontext(), frozen_bn_stats(self._bns)
 
     def _holding_contexts(
-        self, hold: int
+        self, stage: int
     ) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
-        return self._holding_from(hold), frozen_bn_stats(self._bns)
+        return self._holding_from(stage), frozen_bn_stats(self._bns)
 
     @contextmanager
-    def _holding_from(self, hold: int) -> Iterator[None]:
-        self._holding = hold
+    def _holding_from(self, stage: int) -> Iterator[None]:
+        self._holding = stage
         try:
             yield
         finally:
@@ -192,15 +207,15 @@ class ChunkedModel(VideoModel):
         with self._held:
             return VideoModel.features(self, x, mask)
 
-    def _chunk(self, *chunk: torch.Tensor, hold: int) -> torch.Tensor:
-        if hold == 0 or not torch.is_grad_enabled() or self.recompute is Recompute.none:
+    def _chunk(self, *chunk: torch.Tensor, hold: Hold) -> torch.Tensor:
+        if hold.whole or not torch.is_grad_enabled() or self.recompute is Recompute.none:
             return self._chunk_features(*chunk)
-        if hold <= len(self.stages):
+        if hold.stage is not None:  # late stages: the whole chunk returned above
             return checkpoint(
                 self._chunk_features,
                 *chunk,
                 use_reentrant=False,
-                context_fn=functools.partial(self._holding_contexts, hold),
+                context_fn=functools.partial(self._holding_contexts, hold.stage),
                 early_stop=True,  # what stops the recompute where the held stages begin
             )
         if self.recompute is Recompute.fairscale:
@@ -219,13 +234,13 @@ class ChunkedModel(VideoModel):
             self._chunk_features, *chunk, use_reentrant=False, context_fn=self._contexts
         )
 
-    def holds(self, length: int) -> list[int]:
+    def holds(self, length: int) -> list[Hold]:
         """Each chunk's hold for a ``length``-frame sequence: the plan's, or else the chunks of
         the last ``keep_frames`` frames whole and the rest recomputed."""
         if self.plan is not None:
             return self.plan(length)
-        held_from, nothing = length - self.keep_frames, len(self.stages) + 1
-        return [0 if s >= held_from else nothing for s in range(0, length, self.chunk_frames)]
+        held_from = length - self.keep_frames
+        return [WHOLE if s >= held_from else NOTHING for s in range(0, length, self.chunk_frames)]
 
     def features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         k, length = self.chunk_frames, frames.shape[1]
@@ -239,7 +254,7 @@ class ChunkedModel(VideoModel):
         if self.prefetch_frames:
             starts = [s for i, s in enumerate(range(0, length, k)) if real[i]]
             recomputes = torch.is_grad_enabled() and self.recompute is not Recompute.none
-            again = [s for s in reversed(starts) if recomputes and holds[s // k] != 0]
+            again = [s for s in reversed(starts) if recomputes and not holds[s // k].whole]
             self._prefetch = FramePrefetch(frames, k, mask.device, starts, again)
         feats = []
         for i, start in enumerate(range(0, length, k)):

@@ -12,7 +12,7 @@ from torchvision.io import decode_png
 
 from distseq.bench.compare import Row
 from distseq.cli import main
-from distseq.memory import plan
+from distseq.memory import plan, probe
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4, "planner_offload"]
@@ -21,7 +21,8 @@ APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4, "pla
 def test_every_row_and_column(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(plan, "CHUNKS", (4,))  # fine granularity in a short sequence
+    for module in (plan, probe):  # fine granularity in a short sequence
+        monkeypatch.setattr(module, "CHUNKS", (4,))
     # MobileNet: few parameters, so at 32 px a step's memory is mostly activations, as it is for
     # a ResNet at 224 px; and dropout, which every row must draw alike.
     argv = ["bench", "compare", "--backbone", "mobilenet_v3_small", "--size", "32"]

@@ -1,4 +1,4 @@
-"""distseq.bench.measure.CollectiveCounter in a real 2-process gloo run: FSDP2, explicit
+"""distseq.bench.collectives.CollectiveCounter in a real 2-process gloo run: FSDP2, explicit
 collectives, DTensor and DDP, each with its exact count and bytes."""
 
 from __future__ import annotations

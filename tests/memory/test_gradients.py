@@ -15,6 +15,7 @@ from distseq.config import MemoryConfig, Offload, Recompute
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
 from distseq.memory import chunked, prefetch
+from distseq.memory.chunked import NOTHING, WHOLE, Hold
 from distseq.memory.policy import apply_memory_policy
 from distseq.memory.stages import stage_starts
 from distseq.model.video import VideoModel
@@ -229,7 +230,7 @@ def test_held_stages_give_the_plain_gradients_and_bn_statistics(backbone: str, n
     model = tiny_model("torch", chunk=4, backbone=backbone, norm=norm, dropout=0.3)
     starts = stage_starts(model, model.backbone, 64, torch.device("cpu"))
     model.hold_stages(starts)
-    holds = list(range(len(starts) + 2))  # 0 (whole) .. len + 1 (nothing held)
+    holds = [WHOLE, *(Hold(h) for h in range(1, len(starts) + 1)), NOTHING]
     model.plan = lambda frames: [holds[i % len(holds)] for i in range(5)]
     recomputed: list[int] = []
     # A pre-hook: a recompute that stops where the held stages begin never returns.
@@ -240,7 +241,7 @@ def test_held_stages_give_the_plain_gradients_and_bn_statistics(backbone: str, n
     for name, buf in model.named_buffers():
         assert torch.equal(buf, ref_buffers[name]), name
     # Every chunk but the whole one runs the backbone again in backward (its early stages).
-    assert len(recomputed) == 5 + sum(1 for i in range(5) if holds[i % len(holds)] != 0)
+    assert len(recomputed) == 5 + sum(1 for i in range(5) if holds[i % len(holds)] != WHOLE)
 
 
 class _Convolutions(TorchDispatchMode):
@@ -256,8 +257,10 @@ class _Convolutions(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize(("hold", "recomputed"), [(0, 0), (3, 10), (4, 15), (5, 20)])
-def test_a_held_stage_is_not_run_again_in_backward(hold: int, recomputed: int) -> None:
+@pytest.mark.parametrize(
+    ("hold", "recomputed"), [(WHOLE, 0), (Hold(3), 10), (Hold(4), 15), (NOTHING, 20)]
+)
+def test_a_held_stage_is_not_run_again_in_backward(hold: Hold, recomputed: int) -> None:
     # ResNet-18's 20 convolutions: the stem's 1, then 4 in layer1 and 5 (a downsample) in each
     # of layer2-4. Holding stage 3 (layer3) on recomputes the stem, layer1 and layer2: 10.
     model = tiny_model("torch", chunk=4, norm="batchnorm")

@@ -10,25 +10,36 @@ import torch
 from conftest import random_batch, tiny_model
 from distseq.errors import ConfigError
 from distseq.memory import plan as planning
+from distseq.memory import probe as probing
+from distseq.memory.budget import budget_bytes
+from distseq.memory.chunked import NOTHING, WHOLE, Hold
 from distseq.memory.measure import measure_step
-from distseq.memory.plan import Plan, Probe, budget_bytes, probe, resident_bytes
+from distseq.memory.plan import Plan, Probe
+from distseq.memory.probe import RunShape, probe, resident_bytes
 
 CPU = torch.device("cpu")
 T, SIZE = 48, 32
+SHAPE = RunShape(batch_size=1, size=SIZE, classes=3, window=T, device=CPU)
+
+
+def _chunk_sizes(monkeypatch: pytest.MonkeyPatch, sizes: tuple[int, ...]) -> None:
+    """The chunk sizes the probe times and a plan may fall back to."""
+    monkeypatch.setattr(planning, "CHUNKS", sizes)
+    monkeypatch.setattr(probing, "CHUNKS", sizes)
 
 
 @pytest.fixture(autouse=True)
 def _chunks_of_four(monkeypatch: pytest.MonkeyPatch) -> None:
     # One candidate chunk size: the CPU's throughput decides nothing worth testing here, and
     # chunks of 4 out of 48 frames make the budget's granularity fine.
-    monkeypatch.setattr(planning, "CHUNKS", (4,))
+    _chunk_sizes(monkeypatch, (4,))
 
 
 @pytest.mark.parametrize("backbone", ["resnet18", "mobilenet_v3_small"])
 @pytest.mark.parametrize("share", [0.3, 0.7])
 def test_a_plan_keeps_a_real_step_under_its_budget(backbone: str, share: float) -> None:
     model = tiny_model("torch", chunk=8, backbone=backbone)
-    measured = probe(model, model, 1, SIZE, 3, T, CPU)
+    measured = probe(model, model, SHAPE)
     assert measured.chunk_frames == 4
     # A budget between the floor (all recomputed) and plain autograd's peak.
     floor, plain = Plan(measured, 0).floor_bytes(T), Plan(measured, 0).top_bytes(T)
@@ -36,8 +47,7 @@ def test_a_plan_keeps_a_real_step_under_its_budget(backbone: str, share: float) 
     plan.check(T)
     plan.apply(model)
     holds = plan.holds(T)
-    nothing = len(model.stages) + 1
-    assert len(holds) == T // 4 and set(holds) not in ({0}, {nothing})  # neither floor nor top
+    assert len(holds) == T // 4 and set(holds) not in ({WHOLE}, {NOTHING})  # neither floor nor top
 
     batch = random_batch(1, T, size=SIZE)
     cost = measure_step(model, batch.frames, batch.mask, batch.labels)
@@ -53,7 +63,7 @@ def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
     model = tiny_model("torch", chunk=8, norm="batchnorm")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    probe(model, model, 1, SIZE, 3, T, CPU)
+    probe(model, model, SHAPE)
     assert torch.equal(torch.get_rng_state(), rng)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
@@ -63,7 +73,7 @@ def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
 
 def test_a_budget_below_the_floor_says_what_would_fit() -> None:
     model = tiny_model("torch", chunk=8)
-    measured = probe(model, model, 1, SIZE, 3, T, CPU)
+    measured = probe(model, model, SHAPE)
     floor = Plan(measured, 0).floor_bytes(T)
     plan = Plan(measured, int(floor) - 1)
     with pytest.raises(ConfigError) as error:
@@ -83,8 +93,8 @@ def test_a_fraction_of_the_device_needs_a_gpu() -> None:
 
 def test_offloaded_frames_cost_the_device_nothing_per_frame() -> None:
     model = tiny_model("torch", chunk=8)
-    on_device = probe(model, model, 1, SIZE, 3, T, CPU)
-    on_host = probe(model, model, 1, SIZE, 3, T, CPU, frames_on_host=True)
+    on_device = probe(model, model, SHAPE)
+    on_host = probe(model, model, replace(SHAPE, frames_on_host=True))
     # On the CPU the step itself is the same; the plan stops counting the uint8 frames.
     assert on_device.per_frame_bytes - on_host.per_frame_bytes == 3 * SIZE * SIZE
     assert Plan(on_host, 10**9).peak_bytes(T) < Plan(on_device, 10**9).peak_bytes(T)
@@ -130,7 +140,9 @@ def test_the_plan_is_the_best_layout_worked_by_hand(
 ) -> None:
     plan = Plan(HAND, budget * MB, ("layer4",))
     plan.check(8)
-    assert (tuple(plan.holds(8)), plan.peak_bytes(8), plan.step_seconds(8)) == (
+    # The holds by their stage in this one-split probe: 0 whole, 1 the late stage, 2 nothing.
+    stage = {WHOLE: 0, Hold(1): 1, NOTHING: 2}
+    assert (tuple(stage[h] for h in plan.holds(8)), plan.peak_bytes(8), plan.step_seconds(8)) == (
         holds,
         peak * MB,
         seconds,
@@ -159,9 +171,10 @@ def test_a_level_above_the_line_between_its_neighbours_is_never_used() -> None:
         stage_seconds=(0.25, 0.2),
         stage_recompute_bytes=(12.0 * MB, 12.0 * MB),
     )
-    assert [level.hold for level in planning._lower_hull(probe.levels())] == [3, 1, 0]
+    hull = planning._lower_hull(probe.levels())
+    assert [level.hold for level in hull] == [NOTHING, Hold(1), WHOLE]
     for budget in range(128, 200, 2):
-        assert 2 not in Plan(probe, budget * MB).holds(8)
+        assert Hold(2) not in Plan(probe, budget * MB).holds(8)
 
 
 def test_a_floor_above_the_budget_is_tried_again_at_a_smaller_chunk(
@@ -169,20 +182,17 @@ def test_a_floor_above_the_budget_is_tried_again_at_a_smaller_chunk(
 ) -> None:
     # The probe would choose chunks of 4 (the largest allowed, here), whose floor is above the
     # budget; chunks of 2 recompute half as much at a time and fit.
-    monkeypatch.setattr(planning, "CHUNKS", (2, 4))
-    monkeypatch.setattr(planning, "_chunk_size", lambda *args: min(4, args[-1]))
+    _chunk_sizes(monkeypatch, (2, 4))
+    monkeypatch.setattr(probing, "_chunk_size", lambda *args: min(4, args[-1]))
     model = tiny_model("torch", chunk=8)
-    floors = {
-        k: Plan(probe(model, model, 1, SIZE, 3, T, CPU, largest=k), 0).floor_bytes(T)
-        for k in (2, 4)
-    }
+    floors = {k: Plan(probe(model, model, SHAPE, largest=k), 0).floor_bytes(T) for k in (2, 4)}
     assert floors[2] < floors[4]
     budget = int((floors[2] + floors[4]) / 2)
     probed, said = [], []
 
     def plan_at(largest: int) -> Plan:
         probed.append(largest)
-        return Plan(probe(model, model, 1, SIZE, 3, T, CPU, largest=largest), budget)
+        return Plan(probe(model, model, SHAPE, largest=largest), budget)
 
     plan = planning.fit(plan_at, T, said.append)
     assert probed == [4, 2] and plan.probe.chunk_frames == 2

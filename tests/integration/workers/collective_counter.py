@@ -17,7 +17,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from conftest import report
-from distseq.bench.measure import CollectiveCounter
+from distseq.bench.collectives import CollectiveCounter
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

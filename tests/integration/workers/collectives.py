@@ -11,8 +11,9 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 from conftest import random_batch, report, tiny_model
-from distseq.bench.measure import CollectiveCounter
+from distseq.bench.collectives import CollectiveCounter
 from distseq.config import ParallelConfig
+from distseq.memory.chunked import Hold
 from distseq.memory.stages import stage_starts
 from distseq.parallel import DistInfo, init_distributed, parallelize
 from distseq.train.step import clip_grad_norm, train_step
@@ -28,7 +29,7 @@ def one_step(
     model.keep_frames = keep
     if stages:  # layer2 on held in every chunk: only the stem and layer1 recomputed
         model.hold_stages(stage_starts(model, model.backbone, 32, torch.device("cpu")))
-        model.plan = lambda frames: [2] * (frames // chunk)
+        model.plan = lambda frames: [Hold(2)] * (frames // chunk)
     if per_stage:  # the wrapping docs/design.md warns about: units inside the chunk loop
         for stage in ("layer1", "layer2", "layer3", "layer4"):
             fully_shard(model.backbone.get_submodule(stage))

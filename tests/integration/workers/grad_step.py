@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from conftest import random_batch, report, tiny_model
 from distseq.config import ParallelConfig, ParallelMode
 from distseq.data.batch import IGNORE_INDEX, Batch
+from distseq.memory.chunked import Hold
 from distseq.memory.stages import stage_starts
 from distseq.parallel import init_distributed, parallelize
 from distseq.train.step import clip_grad_norm, train_step
@@ -50,7 +51,7 @@ def main() -> None:
         chunked.keep_frames = 6
     elif holding == "stages":
         chunked.hold_stages(stage_starts(chunked, chunked.backbone, 32, torch.device("cpu")))
-        chunked.plan = lambda frames: [1, 2, 3]
+        chunked.plan = lambda frames: [Hold(1), Hold(2), Hold(3)]
     model = parallelize(chunked, cfg, info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     glob = global_batch()

@@ -1,0 +1,228 @@
+"""The probe behind ``memory.budget``: the run's own model measured on a few random frames.
+
+At the run's own batch, frame size and device (a :class:`RunShape`), it measures a step's peak
+with every chunk recomputed at two lengths (2k and 4k frames), with every frame held, and with
+each stage split (memory.stages) holding its late stages, at both lengths; the bytes autograd
+saves; and the CNN's forward time a frame up to each stage's start, timed within the same
+forwards. What it measured is a :class:`memory.plan.Probe`, all the plan works from.
+
+The chunk size k is the smallest whose CNN throughput is within 10% of the best measured, so
+that small chunks do not starve a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from distseq.config import Recompute
+from distseq.memory.chunked import NOTHING, WHOLE, ChunkedModel, Hold
+from distseq.memory.measure import StepCost, fastest_seconds, measure_step, synchronize
+from distseq.memory.plan import CHUNKS, Probe
+from distseq.memory.stages import stage_starts
+
+THROUGHPUT_SLACK = 0.9  # the smallest k with at least 90% of the best frames/s
+TIMINGS = 3  # timed runs per chunk size, after a warm-up
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What a training step of the run looks like, as far as its memory and time go."""
+
+    batch_size: int  # sequences per rank per micro-step
+    size: int  # frames are size x size
+    classes: int
+    window: int  # T, frames per training window
+    device: torch.device
+    # memory.offload=frames: the frames stay in (pinned) host memory and cost the device nothing
+    # per frame.
+    frames_on_host: bool = False
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """This rank's parameters (its shard under FSDP2) and AdamW's two fp32 moments for them:
+    memory that exists before a step begins, so a step's measured peak does not count it."""
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * (local.element_size() + 2 * 4)
+    return total
+
+
+def _chunk_size(
+    model: nn.Module,
+    chunked: ChunkedModel,
+    frames: Callable[[int], torch.Tensor],
+    window: int,
+    largest: int,
+) -> int:
+    """The smallest k in CHUNKS, up to ``largest``, whose plain forward and backward reach 90% of
+    the best frames/s (a k-frame sequence, held whole: no recompute). The probe then runs 4k
+    frames: k is at most a quarter of the window, so that the probe never runs more frames than
+    training does."""
+    rates = {}
+    for k in [k for k in CHUNKS if 4 * k <= window and k <= largest] or [min(CHUNKS)]:
+        x = frames(k)
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        chunked.keep_frames = k
+        step = functools.partial(_forward_backward, model, x, mask)
+        step()  # warm-up: allocator, cuDNN autotuning
+        # The fastest of a few runs: one run each flipped the choice between neighbouring
+        # sizes on this CPU.
+        rates[k] = x.shape[0] * k / fastest_seconds(step, x.device, TIMINGS)
+        model.zero_grad(set_to_none=True)
+    best = max(rates.values())
+    return min(k for k, rate in rates.items() if rate >= THROUGHPUT_SLACK * best)
+
+
+def _forward_backward(model: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> None:
+    model(x, mask).float().sum().backward()
+
+
+def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -> list[float]:
+    """Seconds a frame of the CNN's forward takes before each stage from the second on begins,
+    and in all (the last entry): what a recompute that holds from that stage on still runs.
+
+    Timed within the forwards of steps on ``x`` (every chunk held, as in a recompute), from the
+    backbone's start to each stage's start and to its end, summed over the chunks and over
+    TIMINGS runs after a warm-up. The stages of one forward are timed against each other, so
+    they never reorder. Timing each split as a step of its own, and the forward as the
+    difference of two steps, did: on the CPU's noise of a few percent of a step, holding more
+    looked slower than holding less, and the forward of ResNet-18 at 64 px (k=8) came out
+    0.8 ms a frame in one probe and 2.8 in the next.
+    """
+    marks: list[tuple[int, float]] = []
+    end = len(chunked.stages) + 1
+
+    def mark(stage: int) -> Callable[..., None]:
+        def hook(*args: object) -> None:
+            synchronize(x.device)
+            marks.append((stage, time.perf_counter()))
+
+        return hook
+
+    backbone = chunked.backbone
+    hooks = [backbone.register_forward_pre_hook(mark(0)), backbone.register_forward_hook(mark(end))]
+    hooks += [
+        backbone.get_submodule(name).register_forward_pre_hook(mark(i))
+        for i, name in enumerate(chunked.stages, start=1)
+    ]
+    chunked.plan = lambda frames: [WHOLE] * math.ceil(frames / chunked.chunk_frames)
+    mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    try:
+        for run in range(1 + TIMINGS):
+            if run == 1:
+                marks.clear()  # the first run warms up
+            # With its backward: a sharded model's forward alone leaves the parameters
+            # gathered, and an optimizer built next would hold the gathered ones.
+            _forward_backward(model, x, mask)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    before = [0.0] * (end + 1)
+    start = 0.0
+    for stage, at in marks:
+        start = at if stage == 0 else start
+        before[stage] += at - start
+    frames = TIMINGS * x.shape[1]
+    return [seconds / frames for seconds in before[1:]]
+
+
+@contextmanager
+def _left_as_it_was(
+    model: nn.Module, chunked: ChunkedModel, device: torch.device
+) -> Iterator[None]:
+    """Put back what probing changes: BatchNorm buffers, the global RNG (dropout draws), the
+    chunking, and the gradients."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        buffers = [b.detach().clone() for b in chunked.buffers()]
+        saved = (chunked.chunk_frames, chunked.keep_frames, chunked.plan)
+        chunked.plan = None
+        try:
+            yield
+        finally:
+            chunked.chunk_frames, chunked.keep_frames, chunked.plan = saved
+            with torch.no_grad():
+                for b, was in zip(chunked.buffers(), buffers, strict=True):
+                    b.copy_(was)
+            model.zero_grad(set_to_none=True)
+
+
+def probe(
+    model: nn.Module, chunked: ChunkedModel, shape: RunShape, largest: int = max(CHUNKS)
+) -> Probe:
+    """Measure ``model`` (``chunked``, or it wrapped for FSDP/DDP) on random frames of ``shape``,
+    and leave both as they were, but for the stages it finds (ChunkedModel.hold_stages).
+    ``largest``: the largest chunk size to consider."""
+    g, device, size = torch.Generator().manual_seed(0), shape.device, shape.size
+
+    def frames(t: int) -> torch.Tensor:
+        dims = (shape.batch_size, t, 3, size, size)
+        x = torch.randint(0, 256, dims, generator=g, dtype=torch.uint8)
+        if shape.frames_on_host:
+            return x.pin_memory() if device.type == "cuda" else x
+        return x.to(device)
+
+    def step(t: int, hold: Hold, timings: int = 1) -> StepCost:
+        chunked.plan = lambda frames: [hold] * math.ceil(frames / chunked.chunk_frames)
+        x = frames(t)
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
+        labels = torch.randint(0, shape.classes, x.shape[:2], generator=g).to(device)
+        return measure_step(model, x, mask, labels, timings)
+
+    with _left_as_it_was(model, chunked, device):
+        # Holding stages takes non-reentrant checkpoint's early stop, which fairscale has not.
+        torch_backend = chunked.recompute is Recompute.torch
+        starts = stage_starts(model, chunked.backbone, size, device) if torch_backend else []
+        chunked.hold_stages(starts)
+        chunked.chunk_frames = max(CHUNKS)  # one chunk per timed sequence
+        k = _chunk_size(model, chunked, frames, shape.window, largest)
+        chunked.chunk_frames = k
+        short, long = 2 * k, 4 * k
+        recomputed_short = step(short, NOTHING)
+        recomputed = step(long, NOTHING)
+        plain_short, plain = step(short, WHOLE), step(long, WHOLE, TIMINGS)
+        # Held stages go to the chunk's own saved-tensor hooks, out of SavedTensorBytes' sight,
+        # so their bytes come from the peak's growth between two lengths.
+        holds = [Hold(h) for h in range(1, len(chunked.stages) + 1)]
+        staged = [(step(short, hold), step(long, hold)) for hold in holds]
+        *before_stages, forward = _forward_seconds(model, chunked, frames(long))
+
+    def per_frame(at_short: StepCost, at_long: StepCost) -> float:
+        return (at_long.peak_bytes - at_short.peak_bytes) / (long - short)
+
+    in_step = per_frame(recomputed_short, recomputed)
+
+    # A held frame's activations, from the peak's growth too: its saved tensors alone (what
+    # SavedTensorBytes counts) came out 7 KB a frame short, and with 13 of 32 chunks kept a
+    # plan's peak 2.8 MiB above its budget (ResNet-18, 64 px, T=1024).
+    activation = max(0.0, per_frame(plain_short, plain) - in_step)
+    return Probe(
+        chunk_frames=k,
+        fixed_bytes=resident_bytes(model),
+        # The frames are on the device before a step begins, so its peak does not count them,
+        # unless they are kept in host memory.
+        per_frame_bytes=in_step + (0 if shape.frames_on_host else shape.batch_size * 3 * size**2),
+        recompute_bytes=recomputed.peak_bytes - long * in_step,
+        held_base_bytes=plain.peak_bytes - long * in_step - long * activation,
+        activation_bytes=activation,
+        forward_seconds=forward,
+        backward_seconds=max(0.0, plain.seconds / long - forward),
+        stage_bytes=tuple(max(0.0, per_frame(*c) - in_step) for c in staged),
+        stage_seconds=tuple(before_stages),
+        # The step's peak comes at its second recompute, once the first chunk's backward has
+        # made the parameter gradients, with 3 chunks' held bytes still there: after a kept
+        # chunk, the first recompute has the gradients too. Counting the held bytes of 4 made
+        # planned peaks 2.5 MiB (one chunk's held stage) above their budget in bench compare.
+        stage_recompute_bytes=tuple(
+            c[1].peak_bytes - long * in_step - (long - k) * max(0.0, per_frame(*c) - in_step)
+            for c in staged
+        ),
+    )
