@@ -1,7 +1,8 @@
 """distseq command line: train, demo, shard, export, eval, predict, report, submit, bench.
 
-Each command's options and its run live beside its code (``add_parser`` sets ``run``); this file
-only assembles them and turns the errors users cause into one line and an exit code.
+Each stage's commands live in ``<stage>/command.py`` (``add_parser`` sets ``run``), thin runs
+over that stage's library; this file only assembles them and turns the errors users cause into
+one line and an exit code.
 """
 
 from __future__ import annotations
@@ -19,34 +20,18 @@ EXIT_FAILURE = 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    from distseq.bench import compare as bench_compare
-    from distseq.bench import data as bench_data
-    from distseq.bench import memory as bench_memory
-    from distseq.checkpoint import export
-    from distseq.demo import run as demo
-    from distseq.evaluate import eval_command, predict_command, report_command
-    from distseq.launch import slurm
+    from distseq.bench import command as bench
+    from distseq.checkpoint import command as export
+    from distseq.demo import command as demo
+    from distseq.evaluate import command as evaluate
+    from distseq.launch import command as submit
     from distseq.shard import command as shard
     from distseq.train import command as train
 
     parser = argparse.ArgumentParser(prog="distseq", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (
-        train,
-        demo,
-        shard,
-        export,
-        eval_command,
-        predict_command,
-        report_command,
-        slurm,
-    ):
+    for command in (train, demo, shard, export, evaluate, submit, bench):
         command.add_parser(sub)
-    bench = sub.add_parser("bench", help="print benchmark numbers")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    bench_memory.add_parser(bench_sub)
-    bench_compare.add_parser(bench_sub)
-    bench_data.add_parser(bench_sub)
     return parser
 
 

@@ -85,8 +85,8 @@ class AugmentConfig:
     crop_scale: float = 1.0  # random crop of [crop_scale, 1] of the frame area; 1: no crop
     flip: bool = False  # horizontal flip with probability 0.5
     brightness: float = 0.0  # factor drawn from [1 - x, 1 + x]; 0: off
-    contrast: float = 0.0
-    saturation: float = 0.0
+    contrast: float = 0.0  # likewise
+    saturation: float = 0.0  # likewise
 
     def __post_init__(self) -> None:
         _check(
@@ -108,9 +108,9 @@ class DataConfig:
     window: int = 64  # T, frames per training window; longer sequences get a random window
     size: int = 64  # frames are resized to size x size
     batch_size: int = 2  # sequences per rank per micro-step
-    num_workers: int = 1
-    shuffle_buffer: int = 8
-    on_error: str = "raise"  # one of ON_ERROR
+    num_workers: int = 1  # loader processes per rank; 0: load in the training process
+    shuffle_buffer: int = 8  # samples in the shuffle buffer
+    on_error: str = "raise"  # one of ON_ERROR: a bad sample stops the run, or is skipped, counted
     frame_stride: int = 1  # keep every Nth stored frame (e.g. shards at 5 fps, train at 1 fps)
     # 0: off. N: sequences shorter than `window` are batched with others of similar length
     # (N buckets over 1..window), so that batches carry less padding.
@@ -118,7 +118,7 @@ class DataConfig:
     # Stateful mode: each video is cut into consecutive windows that reach the same rank and
     # worker in order; the RNN state is carried (detached) from one window to the next.
     ordered: bool = False
-    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)  # train-time, per sequence
 
     def __post_init__(self) -> None:
         _check(self.window >= 1, "data.window", self.window, "must be >= 1")
@@ -156,15 +156,15 @@ class BackboneConfig:
     # A local state_dict file, or a torchvision weights entry (DEFAULT, IMAGENET1K_V1, ...) read
     # from torchvision's cache ($TORCH_HOME/hub/checkpoints); empty: random init.
     weights: str = ""
-    norm: Norm = Norm.groupnorm
+    norm: Norm = Norm.groupnorm  # BatchNorm's replacement, if any (README: why groupnorm)
 
 
 @dataclass
 class HeadConfig:
-    kind: Temporal = Temporal.lstm
-    hidden: int = 128
-    layers: int = 1
-    dropout: float = 0.0
+    kind: Temporal = Temporal.lstm  # the temporal model over the per-frame features
+    hidden: int = 128  # RNN hidden size
+    layers: int = 1  # RNN layers
+    dropout: float = 0.0  # between RNN layers and before the classifier
     bidirectional: bool = False  # sees the future: offline segmentation only
     # 0: PyTorch's initialisation. N: chrono initialisation (Tallec and Ollivier, 2018) for
     # dependencies of up to N frames: the RNN starts out remembering, not forgetting.
@@ -184,18 +184,18 @@ class HeadConfig:
 
 @dataclass
 class ModelConfig:
-    backbone: BackboneConfig = field(default_factory=BackboneConfig)
-    head: HeadConfig = field(default_factory=HeadConfig)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)  # the per-frame CNN
+    head: HeadConfig = field(default_factory=HeadConfig)  # the temporal head and classifier
 
 
 @dataclass
 class MemoryConfig:
-    recompute: Recompute = Recompute.torch
+    recompute: Recompute = Recompute.torch  # the checkpoint implementation, or none
     chunk_frames: int = 8  # frames per checkpointed backbone chunk
     tbptt_frames: int = 0  # 0: backprop through the whole sequence; N: detach RNN state every N
     # The last N frames of a sequence hold their CNN activations instead of recomputing them.
     keep_frames: int = 0
-    offload: Offload = Offload.none
+    offload: Offload = Offload.none  # frames: a batch's frames stay in host memory
     # Device memory for a training step ("40GB", or "0.5" of the device): the plan picks
     # chunk_frames and, for each T, the chunks kept whole and the CNN stages each other chunk
     # holds, to recompute as little as fits. "": no plan.
@@ -223,8 +223,8 @@ class MemoryConfig:
 
 @dataclass
 class ParallelConfig:
-    mode: ParallelMode = ParallelMode.fsdp
-    precision: Precision = Precision.auto
+    mode: ParallelMode = ParallelMode.fsdp  # FSDP2 fully_shard, DDP, or one process
+    precision: Precision = Precision.auto  # compute precision; gradients reduce in fp32
 
     def __post_init__(self) -> None:
         _check(
@@ -237,11 +237,11 @@ class ParallelConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 10
+    lr: float = 1e-3  # AdamW's peak learning rate
+    weight_decay: float = 0.01  # AdamW's
+    warmup_steps: int = 10  # linear warm-up, then cosine decay to 0 at train.steps
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    accum_steps: int = 1
+    accum_steps: int = 1  # micro-batches per optimizer step
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", self.lr, "must be > 0")
@@ -254,9 +254,9 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     steps: int = 100  # optimizer steps
-    seed: int = 0
-    out_dir: str = "runs/default"
-    log_every: int = 10
+    seed: int = 0  # of the model's initialisation and the data order
+    out_dir: str = "runs/default"  # config.yaml, metrics, TensorBoard and checkpoints
+    log_every: int = 10  # steps between metrics records
     eval_every: int = 0  # 0: evaluate only at the end
     save_every: int = 0  # checkpoint every N steps; 0: only at the end
     keep_last: int = 3  # checkpoints kept on disk, newest first
@@ -278,12 +278,12 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # shards and how they are read
+    model: ModelConfig = field(default_factory=ModelConfig)  # the network
+    memory: MemoryConfig = field(default_factory=MemoryConfig)  # how it runs over time
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # how it runs across ranks
+    optim: OptimConfig = field(default_factory=OptimConfig)  # AdamW and its schedule
+    train: TrainConfig = field(default_factory=TrainConfig)  # the run: steps, logs, checkpoints
 
     def __post_init__(self) -> None:
         causal = not self.model.head.bidirectional

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,10 +22,10 @@ import torch
 
 from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Norm, Recompute
 from distseq.data.batch import IGNORE_INDEX, Batch
-from distseq.data.synthetic import write_synthetic
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.video import build_model
+from streams import write_stream_shards
 
 REPO = Path(__file__).resolve().parents[1]
 INTEGRATION = REPO / "tests" / "integration"
@@ -41,21 +40,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("shards")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torchvision's JPEG codec notice
-        write_synthetic(
-            out,
-            train_sequences=8,
-            val_sequences=3,
-            min_frames=9,
-            max_frames=12,
-            size=32,
-            phases=3,
-            seed=0,
-            sequences_per_shard=2,
-        )
-    return out
+    """The tests' shards (``streams.write_stream_shards``), written once for the session; tests
+    only read them."""
+    return write_stream_shards(tmp_path_factory.mktemp("shards"))
 
 
 def tiny_config(tmp_path: Path, shards: Path) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import torch
@@ -20,15 +19,13 @@ Samples = list[dict[str, bytes | str]]
 
 def write_stream_shards(out: Path) -> Path:
     """N_TRAIN train and N_VAL val sequences of SYN, PER_SHARD to a shard, in ``out``."""
-    with warnings.catch_warnings():  # module-scoped setup is outside a pytestmark's filter
-        warnings.simplefilter("ignore", DeprecationWarning)  # torchvision's JPEG codec notice
-        write_synthetic(
-            out,
-            train_sequences=N_TRAIN,
-            val_sequences=N_VAL,
-            sequences_per_shard=PER_SHARD,
-            **SYN,  # type: ignore[arg-type]
-        )
+    write_synthetic(
+        out,
+        train_sequences=N_TRAIN,
+        val_sequences=N_VAL,
+        sequences_per_shard=PER_SHARD,
+        **SYN,
+    )
     return out
 
 
@@ -48,7 +45,7 @@ def stream_config(root: Path, **kw: object) -> DataConfig:
 
 def sequences_of(split: str, count: int) -> dict[str, tuple[torch.Tensor, list[int]]]:
     """The sequences of ``write_stream_shards`` before JPEG, by key."""
-    return {key: (x, y) for key, x, y in sequences(split, count, **SYN)}  # type: ignore[arg-type]
+    return {key: (x, y) for key, x, y in sequences(split, count, **SYN)}
 
 
 def write_shards(root: Path, shards: list[Samples]) -> DataConfig:

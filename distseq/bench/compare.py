@@ -24,7 +24,6 @@ prediction at a budget of the row's peak). ``exact`` compares every gradient wit
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -45,7 +44,7 @@ from torchvision.models.efficientnet import MBConv
 from torchvision.models.mobilenetv2 import InvertedResidual
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from distseq.bench.memory import CLASSES, MIB, bench_model, floor_bytes, random_sequence
+from distseq.bench.memory import CLASSES, bench_model, floor_bytes, random_sequence
 from distseq.config import Recompute
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
@@ -53,6 +52,7 @@ from distseq.memory.measure import peak_and_seconds
 from distseq.memory.plan import Plan, Probe
 from distseq.memory.probe import RunShape, probe, resident_bytes
 from distseq.model.head import Carry
+from distseq.units import MIB
 
 TBPTT = 64
 SHARES = (0.25, 0.5, 0.75)
@@ -224,7 +224,8 @@ def table(rows: list[Row], case: Case) -> str:
 
 
 def targets(rows: list[Row]) -> list[str]:
-    """The issue's targets, each with its measured figure, whether met or not."""
+    """The targets the README sets for the planner (budget kept, near the bound, half of plain's
+    memory, against truncation, the floor), each with its measured figure, met or not."""
     out = []
     for frames in sorted({r.frames for r in rows}):
         at = {r.approach: r for r in rows if r.frames == frames and r.approach != "planner"}
@@ -292,7 +293,19 @@ def plot(rows: list[Row], case: Case, probes: dict[int, tuple[Probe, int]], path
     plt.close(fig)
 
 
-def bench_compare(args: argparse.Namespace) -> list[Row]:
+@dataclass(frozen=True)
+class CompareBench:
+    """One ``bench compare`` run: its options, as the command line gives them."""
+
+    backbone: str
+    size: int
+    frames: list[int]
+    chunk: int
+    out: str
+    json: bool
+
+
+def bench_compare(args: CompareBench) -> list[Row]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -323,16 +336,3 @@ def bench_compare(args: argparse.Namespace) -> list[Row]:
     if not args.json:
         print(text + f"\nwrote {out / 'compare.md'}, compare.json and compare.png", flush=True)
     return rows
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "compare", help="plain, per-block checkpointing, TBPTT-64, chunked, planned: side by side"
-    )
-    p.add_argument("--backbone", default="resnet18")
-    p.add_argument("--size", type=int, default=112)
-    p.add_argument("--frames", type=int, nargs="+", default=[256, 1024], help="T per case")
-    p.add_argument("--chunk", type=int, default=8, help="the chunked row's fixed chunk")
-    p.add_argument("--out", default="runs/bench-compare", help="for compare.md, .json and .png")
-    p.add_argument("--json", action="store_true", help="one JSON record per row")
-    p.set_defaults(run=bench_compare)

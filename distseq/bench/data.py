@@ -10,7 +10,6 @@ through shared memory), so the workers needed for a model's frame rate come from
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import tarfile
@@ -94,7 +93,20 @@ def pipeline(cfg: DataConfig, count: int) -> tuple[int, float]:
     return frames, time.perf_counter() - start
 
 
-def _bench(args: argparse.Namespace, pattern: str) -> list[Record]:
+@dataclass(frozen=True)
+class DataBench:
+    """One ``bench data`` run: its options, as the command line gives them."""
+
+    size: int
+    window: int
+    count: int
+    workers: list[int]
+    model_fps: float
+    shards: str
+    json: bool
+
+
+def _bench(args: DataBench, pattern: str) -> list[Record]:
     paths = wds.shardlists.expand_urls(pattern)
     for path in paths:
         if not Path(path).is_file():
@@ -152,7 +164,7 @@ def _print(rec: Record, as_json: bool) -> None:
     )
 
 
-def bench_data(args: argparse.Namespace) -> list[Record]:
+def bench_data(args: DataBench) -> list[Record]:
     if not args.json:
         print(
             f"{args.size}px, window {args.window}, batch {BATCH_SIZE}, {args.count} frames per "
@@ -186,17 +198,3 @@ def bench_data(args: argparse.Namespace) -> list[Record]:
             return _bench(args, f"{tmp}/train-{{000000..{last:06d}}}.tar")
     finally:
         torch.set_num_threads(threads)
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("data", help="loader frames/s per worker against plain decoding")
-    p.add_argument("--size", type=int, default=224, help="frame size of the shards (px)")
-    p.add_argument("--window", type=int, default=64, help="T, frames per window (data.window)")
-    p.add_argument("--count", type=int, default=2048, help="frames timed per case")
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--model-fps", type=float, default=1000.0, help="frames/s a step consumes")
-    p.add_argument(
-        "--shards", default="", help="local train shards (index.json beside); default: synthetic"
-    )
-    p.add_argument("--json", action="store_true", help="one JSON record per case")
-    p.set_defaults(run=bench_data)

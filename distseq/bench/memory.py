@@ -6,7 +6,6 @@ Numbers, not pass/fail: compare rows of one run (chunked / none), since the mach
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, dataclass
 
@@ -17,9 +16,9 @@ from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import SavedTensorBytes, measure_step
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.video import VideoModel, build_model
+from distseq.units import MIB
 
 CLASSES = 7
-MIB = 2**20
 
 
 def _model_config(backbone: str) -> ModelConfig:
@@ -98,7 +97,19 @@ def bench_case(
     )
 
 
-def bench_memory(args: argparse.Namespace) -> list[Record]:
+@dataclass(frozen=True)
+class MemoryBench:
+    """One ``bench memory`` run: its options, as the command line gives them."""
+
+    backbone: str
+    frames: list[int]
+    size: int
+    chunk: int
+    recompute: list[str]
+    json: bool
+
+
+def bench_memory(args: MemoryBench) -> list[Record]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     records = []
     if not args.json:
@@ -124,19 +135,3 @@ def bench_memory(args: argparse.Namespace) -> list[Record]:
                 flush=True,
             )
     return records
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("memory", help="activation memory and step time per recompute backend")
-    p.add_argument("--backbone", default="resnet18")
-    p.add_argument("--frames", type=int, nargs="+", default=[64, 256, 1024], help="T per case")
-    p.add_argument("--size", type=int, default=112)
-    p.add_argument("--chunk", type=int, default=8)
-    p.add_argument(
-        "--recompute",
-        nargs="+",
-        default=["none", "torch", "fairscale"],
-        choices=[r.value for r in Recompute],
-    )
-    p.add_argument("--json", action="store_true", help="one JSON record per case")
-    p.set_defaults(run=bench_memory)

@@ -1,4 +1,5 @@
-"""``distseq export``: one consolidated model file from a sharded checkpoint, no process group.
+"""One consolidated model file from a sharded checkpoint, no process group (``distseq export``),
+and loading a model from either.
 
 The file is a plain dict that ``torch.load(path, weights_only=True)`` reads::
 
@@ -12,7 +13,6 @@ checkpoint directory is not (DCP unpickles its ``.metadata``).
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -96,17 +96,3 @@ def load_exported(path: Path) -> Loaded:
     model = empty_model(cfg, blob["classes"])
     model.load_state_dict(blob["model"], strict=True)
     return Loaded(model.eval(), cfg, blob["classes"], int(blob["step"]))
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("export", help="write one consolidated model file from a checkpoint")
-    parser.add_argument(
-        "checkpoint", help="run directory, its checkpoints/, a latest file or a step_N directory"
-    )
-    parser.add_argument("--out", required=True, help="the .pt file to write")
-    parser.set_defaults(run=run)
-
-
-def run(args: argparse.Namespace) -> None:
-    out = export(Path(args.checkpoint), Path(args.out))
-    print(f"wrote {out}")

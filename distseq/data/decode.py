@@ -16,10 +16,10 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2.functional import resize
 
+from distseq.data.format import FRAME_MEMBER_RE, LABELS_MEMBER
 from distseq.data.tar import Sample
 from distseq.errors import DataError, first_line
 
-_FRAME_RE = re.compile(r"(\d{6})\.jpg")
 UNLABELLED = -1  # in labels.json: a frame that the loss and the metrics leave out
 
 
@@ -34,7 +34,7 @@ class Video:
     labels: list[int]
 
 
-def validate(sample: Sample, num_classes: int, stride: int) -> Video:
+def check_sample(sample: Sample, num_classes: int, stride: int) -> Video:
     """Validate a sample (cheap: nothing is decoded) and keep every ``stride``-th frame."""
     if sample.cut:
         raise DataError(sample.cut)
@@ -42,10 +42,10 @@ def validate(sample: Sample, num_classes: int, stride: int) -> Video:
     jpegs: dict[int, bytes] = {}
     labels_json = None
     for name, value in sample.members.items():
-        if name == "labels.json":
+        if name == LABELS_MEMBER:
             labels_json = value
             continue
-        match = _FRAME_RE.fullmatch(name)
+        match = FRAME_MEMBER_RE.fullmatch(name)
         if match is None:
             raise DataError(
                 f"{where}: member {key}.{name} is not allowed (only NNNNNN.jpg and labels.json)"

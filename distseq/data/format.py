@@ -20,6 +20,7 @@ refused, never decoded. ``index.json`` beside the shards describes them::
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,14 @@ from distseq.errors import ConfigError, DataError, first_line
 from distseq.files import write_atomic
 
 FORMAT = 1
+LABELS_MEMBER = "labels.json"  # a sample's labels, beside its frames
+FRAME_MEMBER_RE = re.compile(r"(\d{6})\.jpg")
+JPEG_QUALITY = 90  # of the frames distseq makes: distseq shard's default, the synthetic shards'
+
+
+def frame_member(number: int) -> str:
+    """A sample's member name (after ``<key>.``) for its frame ``number``, counted from 0."""
+    return f"{number:06d}.jpg"
 
 
 @dataclass

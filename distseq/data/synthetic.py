@@ -2,10 +2,11 @@
 
 Every sequence walks through ``phases`` ordered phases 0, 1, ..., P-1. Each frame is a smooth,
 slowly drifting colour field plus fine texture, drawn from the same stationary distribution in every
-phase, so a single frame says nothing about its phase. The only signal is a brief cue at each
-transition: on the first ``CUE_FRAMES`` frames of phases 1..P-1 a large white square with a black
-rim sits in the middle of the image (labelled with the new phase). A per-frame classifier therefore
-stays near the class prior (~1/P); a CNN+RNN that detects cues and counts them gets ~100 %.
+phase, so a single frame says nothing about its phase. The only signal is a brief marker at each
+transition: on the first ``MARKER_FRAMES`` frames of phases 1..P-1 a large white square with a
+black rim sits in the middle of the image (labelled with the new phase). A per-frame classifier
+therefore stays near the class prior (~1/P); a CNN+RNN that detects markers and counts them gets
+~100 %. (The demo's task, ``distseq.demo.task``, has a cue of its own, to be recalled.)
 
 Shards use the format that ``distseq.data.format`` describes: one sample per
 sequence with members ``<key>.<frame:06d>.jpg`` and ``<key>.labels.json``, plus ``index.json``.
@@ -25,11 +26,17 @@ import torch.nn.functional as F
 import webdataset as wds
 from torchvision.io import encode_jpeg
 
-from distseq.data.format import Manifest, ShardInfo, write_manifest
+from distseq.data.format import (
+    JPEG_QUALITY,
+    LABELS_MEMBER,
+    Manifest,
+    ShardInfo,
+    frame_member,
+    write_manifest,
+)
 
-CUE_FRAMES = 2
-JPEG_QUALITY = 90
-# Background values stay below this, so the pure-white cue is never mimicked by the background.
+MARKER_FRAMES = 2
+# Background values stay below this, so the pure-white marker is never mimicked by the background.
 _BG_MAX = 0.7
 _GRID = 4  # the colour field is a GRID x GRID lattice upsampled to the frame size
 _RHO = 0.97  # per-frame AR(1) coefficient of the drift: slow, but visible over tens of frames
@@ -40,8 +47,8 @@ def _split_id(split: str) -> int:
 
 
 def _durations(rng: np.random.Generator, length: int, phases: int) -> np.ndarray:
-    """Phase lengths summing to ``length``, each > CUE_FRAMES; symmetric so the prior is ~1/P."""
-    floor = CUE_FRAMES + 1
+    """Phase lengths summing to ``length``, each > MARKER_FRAMES; symmetric so the prior is ~1/P."""
+    floor = MARKER_FRAMES + 1
     spare = length - floor * phases
     # A concentrated symmetric Dirichlet keeps the phases roughly equal but not identical.
     weights = rng.dirichlet(np.full(phases, 8.0))
@@ -80,7 +87,7 @@ def make_sequence(
     rim = max(1, size // 16)
     starts = np.cumsum(durations)[:-1]  # first frame of phases 1..P-1
     for s in starts:
-        for t in range(int(s), int(s) + CUE_FRAMES):
+        for t in range(int(s), int(s) + MARKER_FRAMES):
             img[t, :, lo - rim : hi + rim, lo - rim : hi + rim] = 0.0
             img[t, :, lo:hi, lo:hi] = 1.0
     frames = (img * 255.0).round().to(torch.uint8)
@@ -100,10 +107,10 @@ def sequences(
     """Yield (key, frames, labels) for one split; what ``write_synthetic`` writes, before JPEG."""
     if phases < 1:
         raise ValueError(f"phases={phases}: must be >= 1")
-    if min_frames < (CUE_FRAMES + 1) * phases or max_frames < min_frames:
+    if min_frames < (MARKER_FRAMES + 1) * phases or max_frames < min_frames:
         raise ValueError(
             f"min_frames={min_frames}, max_frames={max_frames}: need "
-            f"{(CUE_FRAMES + 1) * phases} <= min_frames <= max_frames for {phases} phases"
+            f"{(MARKER_FRAMES + 1) * phases} <= min_frames <= max_frames for {phases} phases"
         )
     for i in range(count):
         rng = np.random.default_rng([seed, _split_id(split), i])
@@ -117,8 +124,8 @@ def encode_sample(key: str, frames: torch.Tensor, labels: list[int]) -> dict[str
     """A webdataset sample dict in the shard format (``distseq shard`` writes the same)."""
     sample: dict[str, bytes | str] = {"__key__": key}
     for t in range(frames.shape[0]):
-        sample[f"{t:06d}.jpg"] = encode_jpeg(frames[t], quality=JPEG_QUALITY).numpy().tobytes()
-    sample["labels.json"] = json.dumps({"labels": labels}).encode()
+        sample[frame_member(t)] = encode_jpeg(frames[t], quality=JPEG_QUALITY).numpy().tobytes()
+    sample[LABELS_MEMBER] = json.dumps({"labels": labels}).encode()
     return sample
 
 

@@ -35,7 +35,7 @@ import webdataset as wds
 from distseq.config import DataConfig
 from distseq.data import augment
 from distseq.data.batch import Batch, collate
-from distseq.data.decode import Video, decode, jpeg_size, stack, validate
+from distseq.data.decode import Video, check_sample, decode, jpeg_size, stack
 from distseq.data.format import Manifest, load_manifest
 from distseq.data.loader import Stream, loader, on_error, worker_slot
 from distseq.data.tar import Sample, check_shards_exist, expand, read_shard
@@ -131,7 +131,7 @@ class _TrainWorker:
         while True:
             sample = next(self.samples)
             try:
-                return validate(sample, self.num_classes, self.cfg.frame_stride)
+                return check_sample(sample, self.num_classes, self.cfg.frame_stride)
             except DataError as e:
                 self._fail(sample.id, e)
 

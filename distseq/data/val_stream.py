@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from distseq.config import DataConfig
 from distseq.data.batch import Batch, Row, collate, empty_batch
-from distseq.data.decode import decode, validate
+from distseq.data.decode import check_sample, decode
 from distseq.data.format import Manifest
 from distseq.data.loader import Stream, loader, on_error, worker_slot
 from distseq.data.tar import check_shards_exist, expand, read_shard, shard_name
@@ -42,7 +42,7 @@ class _ValStream(Stream):
                 if not mine:
                     continue
                 try:
-                    video = validate(sample, self.num_classes, cfg.frame_stride)
+                    video = check_sample(sample, self.num_classes, cfg.frame_stride)
                     frames = decode(video.jpegs, video.where, cfg.size)
                 except DataError as e:
                     on_error(cfg.on_error, e, sample.id, skipped)

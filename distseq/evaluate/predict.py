@@ -1,4 +1,10 @@
-"""Running a trained model over whole videos of any length: per-frame phase probabilities.
+"""A trained model over new videos of any length, as ``distseq predict`` runs it: per-frame
+phase probabilities, one CSV per video (and a PNG ribbon).
+
+A video or a frame folder is made into frames exactly as ``distseq shard`` made the training
+frames (frame rate, resize, centre crop, JPEG quality, then the training resize and frame
+stride), from the training shards' index.json where it can be read here, or from what is given.
+Under torchrun the inputs are split across the ranks.
 
 A causal head streams: frames go through the model a chunk at a time with the RNN state
 carried, so device memory stays that of one chunk whatever the length of the video. A
@@ -10,11 +16,25 @@ for ResNet-50 in fp32), not by the frames.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from itertools import islice
+from pathlib import Path
 
 import torch
 
+from distseq.checkpoint.export import Loaded
+from distseq.data.decode import check_sample, decode
+from distseq.data.format import JPEG_QUALITY, Manifest, find_manifest
+from distseq.data.sources import find_sources
+from distseq.data.tar import expand, read_shard
+from distseq.data.video import source_frames
+from distseq.errors import ConfigError, DataError
+from distseq.evaluate.outputs import write_predictions
+from distseq.evaluate.plots import ribbon
 from distseq.model.head import Carry
 from distseq.model.video import VideoModel
+from distseq.parallel import DistInfo, all_reduce_sum
 
 
 def _chunks(frames: Iterable[torch.Tensor], size: int) -> Iterator[torch.Tensor]:
@@ -30,7 +50,7 @@ def _chunks(frames: Iterable[torch.Tensor], size: int) -> Iterator[torch.Tensor]
 
 
 @torch.no_grad()
-def video_probabilities(
+def streamed_probabilities(
     model: VideoModel, frames: Iterable[torch.Tensor], chunk: int, device: torch.device
 ) -> torch.Tensor:
     """Per-frame probabilities [T, K] (on the CPU) of one video given frame by frame."""
@@ -53,3 +73,117 @@ def video_probabilities(
     if not probs:
         return torch.zeros((0, model.head.classifier.out_features))
     return torch.cat(probs)
+
+
+@dataclass(frozen=True)
+class FrameRecipe:
+    """How frames are made from a video: as distseq shard made the training frames."""
+
+    fps: Fraction | None  # output frames/s; None: unknown, so videos cannot be read
+    size: int  # square size of the stored frames
+    quality: int
+    folder_fps: Fraction | None  # frames/s of frame folders; None: = fps
+
+
+def _training_manifest(loaded: Loaded) -> Manifest | None:
+    data = loaded.config.data
+    try:
+        return find_manifest(data.train, data.manifest, "data.train")
+    except (ConfigError, DataError):  # trained elsewhere: its shards are not here
+        return None
+
+
+def frame_recipe(
+    loaded: Loaded,
+    fps: float | None = None,
+    folder_fps: float | None = None,
+    size: int = 0,
+    quality: int = 0,
+) -> FrameRecipe:
+    """The recipe of the model's training frames: what is given here (None or 0: not given),
+    else what its training shards' index.json recorded, else the defaults."""
+    trained = _training_manifest(loaded)
+    fps = fps if fps is not None else (trained.fps if trained else None)
+    size = size or (trained.size if trained and trained.size else loaded.config.data.size)
+    quality = quality or (trained.quality if trained and trained.quality else JPEG_QUALITY)
+    rate = None if fps is None else Fraction(fps).limit_denominator(10_000)
+    folder = None if folder_fps is None else Fraction(folder_fps).limit_denominator(10_000)
+    return FrameRecipe(rate, size, quality, folder)
+
+
+def _is_shards(text: str) -> bool:
+    return text.endswith(".tar") or "{" in text
+
+
+Video = tuple[str, Iterator[torch.Tensor]]  # name, uint8 frames [3, S, S] at the model's size
+
+
+def _frames(
+    jpegs: Iterator[tuple[int, bytes]], where: str, size: int, stride: int
+) -> Iterator[torch.Tensor]:
+    """Decoded one at a time, every ``stride``-th, resized as training resized them."""
+    for number, jpeg in islice(jpegs, 0, None, stride):
+        yield decode([(number, jpeg)], where, size)[0]
+
+
+def _check_classes(shards: str, loaded: Loaded) -> None:
+    """Shards labelled with other classes than the model's: a label would be read as another."""
+    try:
+        manifest = find_manifest(shards, "", "INPUT")
+    except DataError:  # no index.json beside them: their labels are only range-checked
+        return
+    if manifest.classes != loaded.classes:
+        raise ConfigError(
+            f"{shards}: its classes {manifest.classes} are not the model's {loaded.classes}"
+        )
+
+
+def videos(inputs: list[str], loaded: Loaded, how: FrameRecipe) -> Iterator[Video]:
+    """Every video of ``inputs``, lazily, in order."""
+    data = loaded.config.data
+    for item in inputs:
+        if _is_shards(item):
+            _check_classes(item, loaded)
+            for url in expand(item, "INPUT"):
+                for sample in read_shard(url):
+                    video = check_sample(sample, len(loaded.classes), data.frame_stride)
+                    yield video.key, _frames(iter(video.jpegs), video.where, data.size, 1)
+            continue
+        for source in find_sources([Path(item)]):
+            if how.fps is None:
+                raise ConfigError(
+                    f"{source.path}: --fps needed: the model's training index.json is not "
+                    "readable here, so the frame rate its shards were made at is unknown"
+                )
+            folder_fps = how.folder_fps or how.fps
+            frames = source_frames(source, how.fps, folder_fps, how.size, how.quality)
+            jpegs = ((k, j) for k, j in frames)
+            yield source.stem, _frames(jpegs, str(source.path), data.size, data.frame_stride)
+
+
+def predict_videos(
+    loaded: Loaded,
+    inputs: list[str],
+    how: FrameRecipe,
+    chunk: int,
+    out: Path,
+    ribbons: bool,
+    info: DistInfo,
+) -> int:
+    """This rank's share of the videos of ``inputs`` (every world-th), one CSV each in ``out``
+    (``ribbons``: and a PNG); returns how many videos all ranks predicted."""
+    out.mkdir(parents=True, exist_ok=True)
+    # The frame rate of the rows, for the time column: the made frames, then the stride.
+    rate = None if how.fps is None else float(how.fps) / loaded.config.data.frame_stride
+    model = loaded.model.to(info.device)
+    done = 0
+    for i, (name, frames) in enumerate(videos(inputs, loaded, how)):
+        if i % info.world != info.rank:
+            continue
+        probs = streamed_probabilities(model, frames, chunk, info.device)
+        write_predictions(out / f"{name}.csv", probs, loaded.classes, rate)
+        if ribbons:
+            phases = probs.argmax(-1).tolist()
+            ribbon(out / f"{name}.png", {"prediction": phases}, loaded.classes, rate)
+        done += 1
+    return int(all_reduce_sum(torch.tensor([float(done)], device=info.device)).item())

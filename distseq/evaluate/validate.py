@@ -19,7 +19,7 @@ from distseq.parallel import all_gather_objects
 
 
 @torch.no_grad()
-def video_probabilities(
+def probabilities_by_video(
     model: nn.Module, batches: Iterable[Batch], device: torch.device
 ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
     """(key, probabilities [T, K] on the CPU, labels [T]) for each real video in ``batches``."""
@@ -74,7 +74,7 @@ def validate(
     """The metrics report (``metrics.summarize``) of ``model`` on the videos of ``batches``;
     ``on_video(key, probabilities [T, K])`` sees each of this rank's videos on the way."""
     counts = []
-    for key, probs, labels in video_probabilities(model, batches, device):
+    for key, probs, labels in probabilities_by_video(model, batches, device):
         if on_video is not None:
             on_video(key, probs)
         # Unlabelled frames (and padding) are left out; the model still saw them.

@@ -1,4 +1,4 @@
-"""``distseq submit``: run ``distseq train`` as a SLURM job through submitit, one task per GPU.
+"""``distseq train`` as a SLURM job through submitit, one task per GPU (``distseq submit``).
 
 Each task sets up ``torch.distributed`` from SLURM's variables and calls the same ``train`` as
 torchrun does. A requeued job calls it again, and ``train`` resumes from the run's latest
@@ -18,7 +18,6 @@ once per step, saves a checkpoint with all of them at the next step boundary:
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
@@ -153,54 +152,3 @@ def sbatch_script(opts: SlurmOptions) -> str:
         account=opts.account or None,
         signal_delay_s=opts.signal_delay_s,
     )
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("submit", help="run `distseq train` as a SLURM job (submitit)")
-    p.add_argument("config", help="YAML config file")
-    p.add_argument("overrides", nargs="*", help="key=value overrides")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU; 0: CPU job")
-    p.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node of a CPU job")
-    p.add_argument("--cpus-per-task", type=int, default=1)
-    p.add_argument("--partition", default="")
-    p.add_argument("--time", default="01:00:00", help="[D-]HH:MM[:SS]")
-    p.add_argument("--account", default="")
-    p.add_argument("--folder", default="runs/slurm/%j", help="submitit logs; %%j is the job id")
-    p.add_argument(
-        "--signal-delay",
-        type=int,
-        default=120,
-        help="seconds before the time limit at which the job saves and requeues itself",
-    )
-    p.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
-    p.add_argument("--wait", action="store_true", help="block until the job ends, print its result")
-    p.set_defaults(run=run)
-
-
-def run(args: argparse.Namespace) -> None:
-    opts = SlurmOptions(
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        tasks_per_node=args.tasks_per_node,
-        cpus_per_task=args.cpus_per_task,
-        partition=args.partition,
-        time=args.time,
-        account=args.account,
-        folder=args.folder,
-        signal_delay_s=args.signal_delay,
-    )
-    if args.dry_run:
-        load_config(args.config, args.overrides)
-        print(sbatch_script(opts))
-        return
-    job = submit(args.config, args.overrides, opts)
-    print(f"submitted job {job.job_id}")
-    print(f"  stdout: {job.paths.stdout}")
-    print(f"  stderr: {job.paths.stderr}")
-    if args.wait:
-        try:
-            print(f"result (rank 0): {job.results()[0]}", flush=True)
-        except submitit.core.utils.UncompletedJobError as e:  # FailedJobError is a subclass
-            first = str(e).strip().splitlines()[0]
-            raise TrainingError(f"job {job.job_id}: {first} (see {job.paths.stderr})") from None

@@ -1,7 +1,8 @@
-"""Exact, repeatable memory measurements of one training step: saved bytes, peak memory.
+"""Measurements of one training step: the bytes autograd saves, the peak memory, the wall time.
 
-These back the memory contract in the design and the planner's probe, so each one counts
-something exact (bytes of tensors) rather than sampling the process (RSS).
+The memory ones back the design's memory contract, the planner's probe, the demo's table and
+``bench``, so each counts something exact and repeatable (bytes of tensors) rather than sampling
+the process (RSS). Times are the fastest of a few runs, since noise only ever adds time.
 """
 
 from __future__ import annotations

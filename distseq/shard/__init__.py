@@ -1,5 +1,6 @@
 """shard: ``distseq shard``, videos or frame folders plus labels -> WebDataset shards.
 
-``sources`` (inputs, labels) -> ``encode`` (worker processes) -> ``pack`` (crash-safe shards,
-resume, ``index.json``); ``command`` holds the options and the run.
+``labels`` (phase files) and ``data.sources`` / ``data.video`` (inputs, their frames) ->
+``encode`` (worker processes) -> ``pack`` (crash-safe shards, resume, ``index.json``); ``write``
+runs them, ``command`` holds the options.
 """

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from distseq.data.format import Manifest, ShardInfo, write_manifest
+from distseq.data.sources import Source
 from distseq.errors import ConfigError, DataError
 from distseq.files import write_atomic
 from distseq.shard.encode import file_sha256, source_bytes
-from distseq.shard.sources import Source
 
 log = logging.getLogger(__name__)
 

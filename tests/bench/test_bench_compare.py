@@ -14,7 +14,6 @@ from distseq.bench.compare import Row
 from distseq.cli import main
 from distseq.memory import plan, probe
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4, "planner_offload"]
 
 

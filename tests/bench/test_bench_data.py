@@ -14,8 +14,6 @@ import pytest
 from distseq.bench.data import Record
 from distseq.cli import main
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -7,7 +7,6 @@ import random
 from itertools import islice
 from pathlib import Path
 
-import pytest
 import torch
 import webdataset as wds
 from torchvision.io import encode_jpeg
@@ -17,9 +16,6 @@ from distseq.config import AugmentConfig, DataConfig
 from distseq.data.augment import Params, apply, draw
 from distseq.data.batch import Batch
 from distseq.data.train_stream import train_batches
-
-# torchvision 0.29 deprecates its JPEG codecs (in favour of TorchCodec) on every call.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
 ALL = AugmentConfig(crop_scale=0.3, flip=True, brightness=0.4, contrast=0.4, saturation=0.4)
 

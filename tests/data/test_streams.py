@@ -18,7 +18,7 @@ from distseq.config import DataConfig
 from distseq.data import train_stream
 from distseq.data.batch import IGNORE_INDEX, Batch, empty_batch
 from distseq.data.format import load_manifest
-from distseq.data.synthetic import CUE_FRAMES, encode_sample, sequences, write_synthetic
+from distseq.data.synthetic import MARKER_FRAMES, encode_sample, sequences, write_synthetic
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches
 from distseq.errors import DataError
@@ -31,16 +31,7 @@ from streams import (
     sequences_of,
     stream_config,
     write_shards,
-    write_stream_shards,
 )
-
-# torchvision 0.29 deprecates its JPEG codecs (in favour of TorchCodec) on every call.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_stream_shards(tmp_path_factory.mktemp("syn"))
 
 
 def test_synthetic_is_deterministic_and_has_cues(tmp_path: Path, shards: Path) -> None:
@@ -59,10 +50,10 @@ def test_synthetic_is_deterministic_and_has_cues(tmp_path: Path, shards: Path) -
     assert manifest.shards["val-000001.tar"].samples == 2
     for frames, labels in sequences_of("train", N_TRAIN).values():
         assert labels[0] == 0 and labels[-1] == 2 and labels == sorted(labels)
-        # Cue frames (bright centre) sit exactly on the first CUE_FRAMES frames of each new phase.
+        # Marker frames (bright centre) sit exactly on the first MARKER_FRAMES of each new phase.
         centre = frames[:, :, 14:18, 14:18].float().mean(dim=(1, 2, 3))
         starts = [t for t in range(1, len(labels)) if labels[t] != labels[t - 1]]
-        cues = {s + i for s in starts for i in range(CUE_FRAMES)}
+        cues = {s + i for s in starts for i in range(MARKER_FRAMES)}
         assert {t for t in range(len(labels)) if centre[t] > 250} == cues
 
 
@@ -392,16 +383,3 @@ def test_truncated_shard_raises_or_skips_the_cut_sample(tmp_path: Path, at: str)
     keys = [k for b in batches for k in b.keys]
     assert sorted(keys[:2]) == ["a", "d"] and "c" not in keys  # c lies after the cut
     assert [s for b in batches[:3] for s in b.skipped] == ["bad-000000.tar/b"]
-
-
-def test_workers_reuse_shared_memory_without_touching_held_batches(shards: Path) -> None:
-    # Windows of 8 out of 9-14-frame videos: every batch has the same shape, so segments recur.
-    cfg = stream_config(shards, window=8, num_workers=1)
-    held = list(islice(train_batches(cfg, seed=3), 10))  # all kept while the worker goes on
-    expected = list(islice(train_batches(replace(cfg, num_workers=0), seed=3), 10))
-    for got, want in zip(held, expected, strict=True):
-        assert got.keys == want.keys and torch.equal(got.frames, want.frames)
-        assert got.frames.stride() == want.frames.stride()  # channels last, as decoded
-    segments = {b.segment for b in held}
-    assert all(worker == 0 for worker, _ in segments)
-    assert len(segments) <= 4, segments  # prefetched batches in flight, then reuse

@@ -19,8 +19,6 @@ from distseq.config import DataConfig
 from distseq.data.train_stream import train_batches
 from distseq.errors import DataError
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
 PATTERN = "train-{000000..000003}.tar"  # the conftest shards: 4 train shards of 2 sequences
 BATCHES = 3
 TIMEOUT_S = 30

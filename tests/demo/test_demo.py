@@ -6,12 +6,8 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-import pytest
-
 from conftest import run_distseq
-from distseq.demo.run import Record, table
-
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+from distseq.demo.three_ways import Record, table
 
 
 def test_a_short_demo_gives_all_three_rows(tmp_path: Path) -> None:

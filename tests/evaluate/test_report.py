@@ -14,9 +14,7 @@ from conftest import tiny_config
 from distseq.cli import main
 from distseq.config import load_config
 from distseq.train.loop import train
-from streams import N_VAL, write_stream_shards
-
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+from streams import N_VAL
 
 
 def png(path: Path) -> torch.Tensor:
@@ -24,9 +22,9 @@ def png(path: Path) -> torch.Tensor:
 
 
 def test_report_draws_every_picture_and_links_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = tiny_config(tmp_path, write_stream_shards(tmp_path / "data"))
+    config = tiny_config(tmp_path, shards)
     train(load_config(config, ["data.num_workers=0", "train.eval_every=1"]))
     run = tmp_path / "run"
     capsys.readouterr()  # training's own lines

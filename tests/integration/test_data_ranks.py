@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from conftest import torchrun
 from distseq.data.format import load_manifest
 from distseq.data.synthetic import encode_sample, sequences
@@ -17,15 +15,7 @@ from streams import (
     sequences_of,
     stream_config,
     write_shards,
-    write_stream_shards,
 )
-
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_stream_shards(tmp_path_factory.mktemp("syn"))
 
 
 def test_two_ranks_val_lockstep_and_disjoint(shards: Path, tmp_path: Path) -> None:

@@ -5,21 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from conftest import run_distseq, tiny_config
 from distseq.config import load_config
 from distseq.train.loop import train
-from streams import N_VAL, write_stream_shards
-
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+from streams import N_VAL
 
 
-def test_two_ranks_report_what_one_process_does(tmp_path: Path) -> None:
-    config = tiny_config(tmp_path, write_stream_shards(tmp_path / "data"))
+def test_two_ranks_report_what_one_process_does(tmp_path: Path, shards: Path) -> None:
+    config = tiny_config(tmp_path, shards)
     train(load_config(config, ["data.num_workers=0", "data.val="]))
     run = tmp_path / "run"
-    split = str(tmp_path / "data" / "val-{000000..000001}.tar")  # 5 videos: 3 on rank 0, 2 on 1
+    split = str(shards / "val-{000000..000001}.tar")  # 5 videos: 3 on rank 0, 2 on 1
     args = ["eval", str(run), "--split", split, "--fps", "1", "--relaxed-seconds", "2", "--json"]
     one = run_distseq(*args, "--out", str(tmp_path / "one"), cwd=tmp_path)
     two = run_distseq(*args, "--out", str(tmp_path / "two"), cwd=tmp_path, torchrun=2)

@@ -15,8 +15,6 @@ import pytest
 
 from conftest import REPO, free_port, tiny_config
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
 GONE_WITHIN_S = 10.0
 
 

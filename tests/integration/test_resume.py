@@ -21,7 +21,8 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import REPO, WORKERS, free_port, launch_torchrun, random_batch, tiny_config
-from distseq.checkpoint.export import add_parser, load_exported, run
+from distseq.checkpoint.command import add_parser, run
+from distseq.checkpoint.export import load_exported
 from distseq.errors import TrainingError
 from distseq.model.video import build_model
 
@@ -253,7 +254,6 @@ def _train_in_process(config: Path, *overrides: str) -> None:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 def test_ordered_mode_resumes_with_the_carried_rnn_states(shards: Path, tmp_path: Path) -> None:
     # Windows of 4 frames out of 9-12-frame videos: at the stop after step 3 most lanes are in
     # the middle of a video, so resuming without their carried states would change the losses.

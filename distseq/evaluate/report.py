@@ -1,4 +1,4 @@
-"""``distseq report RUN_DIR``: the pictures of a run and one ``report.html`` that shows them.
+"""The pictures of a run and one ``report.html`` that shows them, as ``distseq report`` makes them.
 
 Curves from ``metrics.jsonl`` (loss, validation metrics, frames/s and time waiting for data,
 peak memory where it was recorded), and, from the run's latest checkpoint on its validation
@@ -7,7 +7,6 @@ videos: a phase ribbon per video (truth, prediction, errors) and the confusion m
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 from pathlib import Path
@@ -19,14 +18,13 @@ from distseq.data.format import load_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import TrainingError
 from distseq.evaluate.plots import confusion, curves, ribbon
-from distseq.evaluate.validate import video_probabilities
+from distseq.evaluate.validate import VALIDATION, probabilities_by_video
 from distseq.files import write_atomic
 
 STYLE = (
     "body{font-family:sans-serif;max-width:1040px;margin:auto}"
     "img{max-width:100%}td{padding:2px 12px}"
 )
-VALIDATION = ("accuracy", "video_accuracy", "precision", "recall", "jaccard", "f1")
 
 
 def _records(run: Path) -> list[dict[str, float]]:
@@ -79,7 +77,7 @@ def make_report(run: Path, out: Path) -> list[Path]:
         counts = [[0] * len(classes) for _ in classes]
         (out / "ribbons").mkdir(exist_ok=True)
         ribbons = []
-        for key, probs, labels in video_probabilities(
+        for key, probs, labels in probabilities_by_video(
             loaded.model, val_batches(cfg, manifest), torch.device("cpu")
         ):
             pred, truth = probs.argmax(-1).tolist(), labels.tolist()
@@ -135,17 +133,3 @@ def _write_html(
     write_atomic(
         page, f"<!doctype html><html><head>{head}</head><body>{''.join(body)}</body></html>\n"
     )
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("report", help="plots of a run and one report.html")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (train.out_dir)")
-    p.add_argument("--out", default="", help="default: RUN/report")
-    p.set_defaults(run=run)
-
-
-def run(args: argparse.Namespace) -> None:
-    source = Path(args.run_dir)
-    out = Path(args.out) if args.out else source / "report"
-    images = make_report(source, out)
-    print(f"wrote {out / 'report.html'} with {len(images)} pictures")

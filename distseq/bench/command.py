@@ -1,0 +1,73 @@
+"""``distseq bench memory|compare|data``: benchmarks that print numbers; their options, each a
+thin run over its module."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from typing import Any, TypeAlias, TypeVar
+
+from distseq.bench.compare import CompareBench, bench_compare
+from distseq.bench.data import DataBench, bench_data
+from distseq.bench.memory import MemoryBench, bench_memory
+from distseq.config import Recompute
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+T = TypeVar("T")
+
+
+def add_parser(sub: Subparsers) -> None:
+    bench = sub.add_parser("bench", help="print benchmark numbers")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    _add_memory(bench_sub)
+    _add_compare(bench_sub)
+    _add_data(bench_sub)
+
+
+def _options(kind: type[T], args: argparse.Namespace) -> T:
+    """The options record of a benchmark from the parsed command line: its fields by name."""
+    values: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(kind)}  # type: ignore[arg-type]
+    return kind(**values)
+
+
+def _add_memory(sub: Subparsers) -> None:
+    p = sub.add_parser("memory", help="activation memory and step time per recompute backend")
+    p.add_argument("--backbone", default="resnet18")
+    p.add_argument("--frames", type=int, nargs="+", default=[64, 256, 1024], help="T per case")
+    p.add_argument("--size", type=int, default=112)
+    p.add_argument("--chunk", type=int, default=8)
+    p.add_argument(
+        "--recompute",
+        nargs="+",
+        default=["none", "torch", "fairscale"],
+        choices=[r.value for r in Recompute],
+    )
+    p.add_argument("--json", action="store_true", help="one JSON record per case")
+    p.set_defaults(run=lambda args: bench_memory(_options(MemoryBench, args)))
+
+
+def _add_compare(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "compare", help="plain, per-block checkpointing, TBPTT-64, chunked, planned: side by side"
+    )
+    p.add_argument("--backbone", default="resnet18")
+    p.add_argument("--size", type=int, default=112)
+    p.add_argument("--frames", type=int, nargs="+", default=[256, 1024], help="T per case")
+    p.add_argument("--chunk", type=int, default=8, help="the chunked row's fixed chunk")
+    p.add_argument("--out", default="runs/bench-compare", help="for compare.md, .json and .png")
+    p.add_argument("--json", action="store_true", help="one JSON record per row")
+    p.set_defaults(run=lambda args: bench_compare(_options(CompareBench, args)))
+
+
+def _add_data(sub: Subparsers) -> None:
+    p = sub.add_parser("data", help="loader frames/s per worker against plain decoding")
+    p.add_argument("--size", type=int, default=224, help="frame size of the shards (px)")
+    p.add_argument("--window", type=int, default=64, help="T, frames per window (data.window)")
+    p.add_argument("--count", type=int, default=2048, help="frames timed per case")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--model-fps", type=float, default=1000.0, help="frames/s a step consumes")
+    p.add_argument(
+        "--shards", default="", help="local train shards (index.json beside); default: synthetic"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON record per case")
+    p.set_defaults(run=lambda args: bench_data(_options(DataBench, args)))
