@@ -13,10 +13,12 @@ Per video and phase p, with ``correct`` the frames whose prediction counts as ri
   relaxed frame counts for the phase predicted and for the true one). Precision = TP / frames
   predicted p, recall = TP / frames true p, Jaccard = TP / |predicted p or true p|, each at most
   1 (relaxation can push them over; the script caps them too), F1 = 2PR / (P + R).
-- Left out (NaN, not 0): every metric of a phase absent from the video's truth, and precision
-  (so F1) of a phase present but never predicted. A phase predicted but absent from the truth is
-  thus no entry of its own, yet its frames are wrong predictions: false positives that lower
-  the recall of the true phases there.
+- Left out (NaN, not 0): every metric of a phase absent from the video's truth, and precision of
+  a phase present but never predicted (as the script leaves it out). That phase's F1 is 0, not
+  left out: it has no true positive, whatever precision's convention, and leaving it out would
+  let a model that always answers one phase score F1 = 1 (a constant predictor on two phases
+  scores 0.5). A phase predicted but absent from the truth is no entry of its own, yet its
+  frames are wrong predictions: false positives that lower the recall of the true phases there.
 
 Aggregation: each metric per phase per video; its mean over the videos where it is defined, per
 phase; then the mean over phases. The spread, as papers report it, is the standard deviation
@@ -98,7 +100,8 @@ def video_metrics(v: VideoCounts) -> dict[str, list[float] | float]:
     rec = [_ratio(v.tp[p], v.truth[p]) if present[p] else math.nan for p in phases]
     out["precision"], out["recall"] = prec, rec
     out["jaccard"] = [_ratio(v.tp[p], v.union[p]) if present[p] else math.nan for p in phases]
-    out["f1"] = [_f1(prec[p], rec[p]) for p in phases]
+    # A present phase never found (recall 0) has F1 0 even where its precision is left out.
+    out["f1"] = [0.0 if rec[p] == 0 else _f1(prec[p], rec[p]) for p in phases]
     return out
 
 

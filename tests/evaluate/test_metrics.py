@@ -39,7 +39,23 @@ def test_a_phase_present_but_never_predicted_has_no_precision() -> None:
     m = metrics([0, 0], [0, 1])
     assert same(m["precision"], [1 / 2, NAN, NAN])  # phase 0: TP 1 of 2 predicted
     assert same(m["recall"], [1, 0, NAN]) and same(m["jaccard"], [1 / 2, 0, NAN])
-    assert same(m["f1"], [2 / 3, NAN, NAN])
+    # Phase 1 was never found: no true positive, so F1 0 (not left out with its precision).
+    assert same(m["f1"], [2 / 3, 0, NAN])
+
+
+def test_a_constant_predictor_on_two_phases_gets_half_the_f1() -> None:
+    # As in the demo: each video is all one phase, and the model answers phase 0 everywhere.
+    # Video "red" (truth 0 0 0): phase 0 P 1, R 1, F1 1; phase 1 absent, left out.
+    # Video "blue" (truth 1 1): phase 1 never predicted: precision left out, recall 0, F1 0;
+    # phase 0 absent (only false positives), left out.
+    # Per phase over videos: F1 1 for phase 0, 0 for phase 1; mean 0.5. Leaving phase 1's F1
+    # out with its precision made it 1.0, for a model that cannot tell the phases apart.
+    videos = [count_video("red", [0, 0, 0], [0, 0, 0], 2), count_video("blue", [0, 0], [1, 1], 2)]
+    report = summarize(videos, ["red", "blue"])
+    assert report["f1"]["mean"] == 0.5  # type: ignore[index]
+    assert report["per_phase"]["blue"]["f1"] == 0.0  # type: ignore[index]
+    assert report["precision"]["mean"] == 1.0  # type: ignore[index]  # phase 1's is left out
+    assert report["recall"]["mean"] == 0.5  # type: ignore[index]
 
 
 def test_relaxed_window_at_both_ends_of_a_phase() -> None:
