@@ -134,8 +134,10 @@ def write_shards(
     splits: Mapping[str, Iterable[tuple[str, torch.Tensor, list[int]]]],
     classes: list[str],
     sequences_per_shard: int,
+    fps: float | None = None,
 ) -> Manifest:
-    """Write each split's (key, frames, labels) as ``<split>-NNNNNN.tar`` and ``index.json``."""
+    """Write each split's (key, frames, labels) as ``<split>-NNNNNN.tar`` and ``index.json``,
+    which records ``fps``, the frames' rate, where there is one."""
     if sequences_per_shard < 1:
         raise ValueError(f"sequences_per_shard={sequences_per_shard}: must be >= 1")
     out_dir = Path(out_dir)
@@ -161,8 +163,8 @@ def write_shards(
             shards[name].frames += len(labels)
         if writer is not None:
             writer.close()
-    manifest = Manifest(classes=classes, shards=shards)
-    write_manifest(out_dir / "index.json", manifest)
+    manifest = Manifest(classes=classes, shards=shards, fps=fps)
+    write_manifest(out_dir / "index.json", manifest, **({} if fps is None else {"fps": fps}))
     return manifest
 
 

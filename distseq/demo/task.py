@@ -33,6 +33,9 @@ from distseq.data.format import Manifest
 from distseq.data.synthetic import write_shards
 
 CLASSES = ["red", "blue"]  # chance is 1/2
+# The frame rate index.json records, so that distseq predict can make a video's frames as these
+# were made: 1 frame/s, the rate surgical phase recognition is labelled and trained at.
+FPS = 1.0
 CUE_FRAMES = 12
 LATEST_CUE = 48  # the cue starts in frames 0..LATEST_CUE
 MIN_DELAY, MAX_DELAY = 200, 240  # from the cue's end to the first labelled frame
@@ -75,4 +78,4 @@ def write_task(
         "train": sequences("train", train, length, size, seed),
         "val": sequences("val", val, length, size, seed),
     }
-    return write_shards(out_dir, splits, CLASSES, per_shard)
+    return write_shards(out_dir, splits, CLASSES, per_shard, fps=FPS)

@@ -83,14 +83,16 @@ class FrameRecipe:
     size: int  # square size of the stored frames
     quality: int
     folder_fps: Fraction | None  # frames/s of frame folders; None: = fps
+    unknown_fps: str = ""  # why fps is None, for people
 
 
-def _training_manifest(loaded: Loaded) -> Manifest | None:
+def _training_manifest(loaded: Loaded) -> tuple[Manifest | None, str]:
+    """The model's training index.json, or None and why not."""
     data = loaded.config.data
     try:
-        return find_manifest(data.train, data.manifest, "data.train")
-    except (ConfigError, DataError):  # trained elsewhere: its shards are not here
-        return None
+        return find_manifest(data.train, data.manifest, "data.train"), ""
+    except (ConfigError, DataError) as e:  # trained elsewhere: its shards are not here
+        return None, f"the model's training index.json is not readable here ({e})"
 
 
 def frame_recipe(
@@ -102,13 +104,14 @@ def frame_recipe(
 ) -> FrameRecipe:
     """The recipe of the model's training frames: what is given here (None or 0: not given),
     else what its training shards' index.json recorded, else the defaults."""
-    trained = _training_manifest(loaded)
+    trained, unreadable = _training_manifest(loaded)
+    why = unreadable or "the model's training index.json records no frame rate"
     fps = fps if fps is not None else (trained.fps if trained else None)
     size = size or (trained.size if trained and trained.size else loaded.config.data.size)
     quality = quality or (trained.quality if trained and trained.quality else JPEG_QUALITY)
     rate = None if fps is None else Fraction(fps).limit_denominator(10_000)
     folder = None if folder_fps is None else Fraction(folder_fps).limit_denominator(10_000)
-    return FrameRecipe(rate, size, quality, folder)
+    return FrameRecipe(rate, size, quality, folder, "" if rate else why)
 
 
 def _is_shards(text: str) -> bool:
@@ -152,8 +155,8 @@ def videos(inputs: list[str], loaded: Loaded, how: FrameRecipe) -> Iterator[Vide
         for source in find_sources([Path(item)]):
             if how.fps is None:
                 raise ConfigError(
-                    f"{source.path}: --fps needed: the model's training index.json is not "
-                    "readable here, so the frame rate its shards were made at is unknown"
+                    f"{source.path}: --fps needed: {how.unknown_fps}, so the frame rate its "
+                    "shards were made at is unknown"
                 )
             folder_fps = how.folder_fps or how.fps
             frames = source_frames(source, how.fps, folder_fps, how.size, how.quality)

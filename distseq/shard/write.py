@@ -98,6 +98,8 @@ def split_videos(stems: list[str], opts: Options) -> dict[str, str]:
 def shard_inputs(opts: Options) -> Summary:
     """Write the shards, commit records and index.json for ``opts``; see the module docstring."""
     sources = find_sources(opts.inputs)
+    # --val's names first: a misspelt one is said before any label file is read or video opened.
+    split = split_videos([s.stem for s in sources], opts)
     label_files = {s.stem: find_label_file(opts.labels, s) for s in sources}
     labels = {stem: read_labels(path) for stem, path in label_files.items()}
     if opts.classes is not None:
@@ -108,7 +110,6 @@ def shard_inputs(opts: Options) -> Summary:
                 raise DataError(f"{lab.path}: label {unknown[0]!r} is not in --classes")
     else:
         classes = sorted(set().union(*(lab.names() for lab in labels.values())))
-    split = split_videos([s.stem for s in sources], opts)
     class_ids = {name: i for i, name in enumerate(classes)}
     out = opts.out
 

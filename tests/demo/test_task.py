@@ -3,12 +3,16 @@ carries the answer."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from distseq.data.decode import UNLABELLED
-from distseq.demo.task import CLASSES, CUE_FRAMES, make_sequence, sequences
+from distseq.data.format import find_manifest
+from distseq.demo.task import CLASSES, CUE_FRAMES, make_sequence, sequences, write_task
 
 LENGTH, SIZE = 512, 16
 
@@ -69,3 +73,10 @@ def test_the_task_is_a_pure_function_of_its_seed() -> None:
     for x, y in zip(a, b, strict=True):
         assert x[0] == y[0] and torch.equal(x[1], y[1]) and x[2] == y[2]
     assert not torch.equal(a[0][1], next(sequences("val", 1, LENGTH, SIZE, seed=8))[1])
+
+
+def test_the_task_s_shards_record_a_frame_rate(tmp_path: Path) -> None:
+    # distseq predict makes a video's frames at the rate the training shards record.
+    write_task(tmp_path, train=1, val=1, length=301, size=16, seed=0, per_shard=1)
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert index["fps"] == 1.0 and find_manifest("", str(tmp_path / "index.json"), "x").fps == 1.0

@@ -131,3 +131,21 @@ def test_a_video_without_a_known_frame_rate_is_one_line(
     assert main(["predict", str(moved), shards, "--out", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "classes ['a', 'b'] are not the model's ['x', 'y']" in err
+
+
+def test_a_training_index_without_a_frame_rate_is_said_as_such(
+    trained: tuple[Path, Loaded], shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Trained on shards whose index.json is there but records no fps (the tests' synthetic ones).
+    path, _ = trained
+    blob = torch.load(path, weights_only=True)
+    blob["config"]["data"]["train"] = str(shards / "train-000000.tar")
+    blob["classes"] = ["phase0", "phase1", "phase2"]
+    blob["model"]["head.classifier.weight"] = torch.zeros(3, 16)
+    blob["model"]["head.classifier.bias"] = torch.zeros(3)
+    synthetic = tmp_path / "synthetic.pt"
+    torch.save(blob, synthetic)
+    assert main(["predict", str(synthetic), str(CLIP), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "--fps needed: the model's training index.json records no frame rate" in err

@@ -363,3 +363,21 @@ def test_refuses_an_out_dir_it_did_not_write(tmp_path: Path) -> None:
     (tmp_path / "out" / "train-000000.tar").write_bytes(b"")
     with pytest.raises(ConfigError, match="empty --out"):
         shard(frames, "--labels", labels, "--out", tmp_path / "out", "--workers", 0)
+
+
+def test_a_val_name_that_matches_no_input_is_said_before_any_label_is_read(
+    tmp_path: Path,
+) -> None:
+    # No label files at all: the misspelt --val name is what is said, so nothing was read first.
+    frame_folder(tmp_path / "frames" / "clip", 2, 16, 16)
+    (tmp_path / "labels").mkdir()
+    with pytest.raises(ConfigError, match="--val clpi: no input has that stem"):
+        shard(
+            tmp_path / "frames",
+            "--labels",
+            tmp_path / "labels",
+            "--out",
+            tmp_path / "o",
+            "--val",
+            "clpi",
+        )
