@@ -14,9 +14,11 @@ from collections.abc import Sequence
 
 from distseq.errors import ConfigError, DataError, TrainingError
 from distseq.launch.agent import agent_gone, exit_orphaned, exit_with_agent
+from distseq.train.signals import StoppedAtStart
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
+EXIT_SIGTERM = 128 + 15
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(prefix + "interrupted", file=sys.stderr)
         return 130
+    except StoppedAtStart as e:
+        print(prefix + str(e), file=sys.stderr)
+        return EXIT_SIGTERM
     except Exception:
         if agent_gone():  # a peer exited with the agent, and the collective failed first here
             exit_orphaned()
