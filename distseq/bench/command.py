@@ -54,6 +54,9 @@ def _add_compare(sub: Subparsers) -> None:
     p.add_argument("--size", type=int, default=112)
     p.add_argument("--frames", type=int, nargs="+", default=[256, 1024], help="T per case")
     p.add_argument("--chunk", type=int, default=8, help="the chunked row's fixed chunk")
+    p.add_argument(
+        "--plan-chunk", type=int, default=32, help="the planner rows' memory.chunk_frames"
+    )
     p.add_argument("--out", default="runs/bench-compare", help="for compare.md, .json and .png")
     p.add_argument("--json", action="store_true", help="one JSON record per row")
     p.set_defaults(run=lambda args: bench_compare(_options(CompareBench, args)))

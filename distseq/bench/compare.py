@@ -87,6 +87,7 @@ class Case:
     size: int
     frames: int
     chunk: int
+    plan_chunk: int  # memory.chunk_frames of the planner rows
     device: torch.device
 
     def model(self, recompute: Recompute, chunk: int) -> ChunkedModel:
@@ -135,7 +136,7 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     before = resident_bytes(plain) + batch[0].numel()  # on the device before any step
     chunked = case.model(Recompute.torch, case.chunk)
     shape = RunShape(1, case.size, CLASSES, case.frames, case.device)
-    measured = probe(chunked, chunked, shape)
+    measured = probe(chunked, chunked, shape, case.plan_chunk)
     stages = tuple(chunked.stages)
     reference = _grads(plain, _whole, batch)
 
@@ -183,7 +184,7 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     # Frame offload at half of plain's peak: the frames leave the device, so the same step
     # budget is over a device that holds no frames (on the CPU, host and device are one).
     frames = batch[0].pin_memory() if case.device.type == "cuda" else batch[0]
-    on_host = probe(chunked, chunked, replace(shape, frames_on_host=True))
+    on_host = probe(chunked, chunked, replace(shape, frames_on_host=True), case.plan_chunk)
     half = before - batch[0].numel() + int(SHARES[1] * plain_peak)
     rows.append(planned("planner_offload", Plan(on_host, half, stages), (frames, *batch[1:])))
     for row in rows:
@@ -301,6 +302,7 @@ class CompareBench:
     size: int
     frames: list[int]
     chunk: int
+    plan_chunk: int
     out: str
     json: bool
 
@@ -312,7 +314,7 @@ def bench_compare(args: CompareBench) -> list[Row]:
     rows: list[Row] = []
     probes: dict[int, tuple[Probe, int]] = {}
     for frames in args.frames:
-        case = Case(args.backbone, args.size, frames, args.chunk, device)
+        case = Case(args.backbone, args.size, frames, args.chunk, args.plan_chunk, device)
         if not args.json:
             print(f"T={frames}: measuring 9 rows ...", flush=True)
         got, measured, before = compare(case)

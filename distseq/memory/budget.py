@@ -1,24 +1,41 @@
-"""``memory.budget`` from the config key to a plan that runs the model: probe, agree, fit, apply.
+"""``memory.budget`` from the config key to a plan that runs the model: probe, agree, fit, apply,
+and the plan recorded in the run.
 
 The plan's arithmetic is ``memory.plan``, the measuring ``memory.probe``; this puts them to work
-for a training run. Every rank probes, and all of them then plan from one rank's numbers
-(``agree``, passed in by the trainer, which owns the process group), so that every rank runs
-the same chunks and holds and no collective waits on a rank that planned otherwise.
+for a training run. A run's plan is chosen once, when the run starts, and recorded in its
+``plan.json``; every later start of the run (a resume, a relaunch after a kill) plans from the
+recorded measurements, so it runs the same chunks with the same holds without probing again. The
+chunk size is part of the model under BatchNorm (its statistics are per chunk) and never changes
+after the first start: on another kind of device or with another budget, a start says so and
+plans the holds anew at the recorded chunk size.
+
+Every rank probes when one does (the probe's steps are collectives under FSDP), and all of them
+plan from one rank's numbers (``agree``, passed in by the trainer, which owns the process group),
+so that every rank runs the same chunks and holds and no collective waits on a rank that planned
+otherwise.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from distseq.config import Config, Offload
-from distseq.errors import ConfigError
+from distseq.config import Config, Offload, to_dict
+from distseq.errors import ConfigError, TrainingError, first_line
+from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.plan import Plan, Probe, fit
-from distseq.memory.probe import RunShape, probe
-from distseq.units import parse_budget
+from distseq.memory.probe import RunShape, first_chunk, probe, resident_bytes
+from distseq.units import format_size, parse_budget
+
+PLAN_FILE = "plan.json"
+_FRESH, _RECORDED, _HOLDS_ANEW = 0, 1, 2  # how a start plans: rank 0's decision for all
 
 
 def budget_bytes(text: str, device: torch.device) -> int:
@@ -34,6 +51,60 @@ def budget_bytes(text: str, device: torch.device) -> int:
     return int(budget * torch.cuda.get_device_properties(device).total_memory)
 
 
+def device_kind(device: torch.device) -> str:
+    """The kind of device a plan's measurements hold for: ``cpu``, or the GPU's name."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A run's plan as ``plan.json`` keeps it: what was measured, and what it was measured for."""
+
+    probe: Probe
+    stages: tuple[str, ...]
+    budget_bytes: int
+    device: str  # device_kind()
+    # What else the measurements depend on: the model, the frames and how they are held.
+    shape: dict[str, Any]
+
+    def write(self, path: Path) -> None:
+        write_atomic(path, json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def read(cls, path: Path) -> Recorded | None:
+        if not path.exists():
+            return None
+        try:
+            doc = json.loads(path.read_text())
+            probe: dict[str, Any] = {
+                k: tuple(v) if isinstance(v, list) else v for k, v in doc["probe"].items()
+            }
+            return cls(
+                Probe(**probe),
+                tuple(doc["stages"]),
+                int(doc["budget_bytes"]),
+                str(doc["device"]),
+                dict(doc["shape"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise TrainingError(
+                f"{path} is unreadable ({first_line(e)}): it records this run's memory plan; "
+                "restore it, or delete it to plan anew (under BatchNorm the chunk size may then "
+                "change, and with it the model)"
+            ) from None
+
+
+def _shape(cfg: Config) -> dict[str, Any]:
+    """The config keys whose change changes what the probe measures, the budget aside."""
+    return {
+        "model": to_dict(cfg)["model"],
+        "data.size": cfg.data.size,
+        "data.batch_size": cfg.data.batch_size,
+        "memory.recompute": cfg.memory.recompute.value,
+        "memory.offload": cfg.memory.offload.value,
+    }
+
+
 def plan_for_budget(
     cfg: Config,
     model: nn.Module,
@@ -42,12 +113,37 @@ def plan_for_budget(
     device: torch.device,
     agree: Callable[[torch.Tensor], torch.Tensor],
     say: Callable[[str], None],
+    is_main: bool,
 ) -> Plan:
-    """Probe ``model`` (``chunked``, or it wrapped for FSDP/DDP), plan from the numbers ``agree``
-    returns (one rank's, on every rank), refuse in one line a budget that cannot hold
-    data.window frames, and let the plan set each chunk's hold for each T from now on."""
+    """The plan of this start of the run in ``cfg.train.out_dir``, applied to ``chunked`` (the
+    model, or ``model`` wrapped for FSDP/DDP): the recorded one, or one planned from a probe
+    that ``agree`` makes one rank's on every rank, recorded by the main rank. Refuses in one line
+    a budget that cannot hold data.window frames."""
     budget = budget_bytes(cfg.memory.budget, device)
-    data = cfg.data
+    data, fixed = cfg.data, resident_bytes(model)
+    if fixed >= budget:  # before any probing: no chunk size changes this
+        raise ConfigError(
+            f"config key memory.budget: {format_size(budget)} is below the parameters and "
+            f"optimizer state alone ({format_size(fixed)} here): a larger budget, or more ranks "
+            "under FSDP"
+        )
+    path = Path(cfg.train.out_dir) / PLAN_FILE
+    now: dict[str, Any] = dict(budget_bytes=budget, device=device_kind(device), shape=_shape(cfg))
+    recorded = Recorded.read(path) if is_main else None
+    how, k = _FRESH, first_chunk(cfg.memory.chunk_frames, data.window)
+    if recorded is not None:
+        then = dict(
+            budget_bytes=recorded.budget_bytes, device=recorded.device, shape=recorded.shape
+        )
+        if then == now and recorded.probe.fixed_bytes == fixed:
+            how, k = _RECORDED, recorded.probe.chunk_frames
+        else:
+            how, k = _HOLDS_ANEW, recorded.probe.chunk_frames
+            say(
+                f"memory plan: {path} was planned for {_changes(then, now, recorded, fixed)}; "
+                f"planning the holds anew at the run's chunk={k}"
+            )
+    how, k = (int(x) for x in agree(torch.tensor([how, k], device=device)).tolist())
     shape = RunShape(
         data.batch_size,
         data.size,
@@ -57,12 +153,47 @@ def plan_for_budget(
         frames_on_host=cfg.memory.offload is Offload.frames,
     )
 
-    def plan_at(largest: int) -> Plan:
-        measured = probe(model, chunked, shape, largest)
+    def plan_at(chunk: int) -> Plan:
+        measured = probe(model, chunked, shape, chunk)
         agreed = Probe.from_tensor(agree(measured.as_tensor().to(device)))
         return Plan(agreed, budget, tuple(chunked.stages))
 
-    plan = fit(plan_at, data.window, say)
-    say(f"memory plan: {plan.describe(data.window)}")
+    if how == _RECORDED:
+        # Every rank reads the run's record: train.out_dir is shared by all of them.
+        recorded = recorded or Recorded.read(path)
+        if recorded is None:
+            raise TrainingError(f"{path} is missing on this rank: train.out_dir must be shared")
+        plan = Plan(recorded.probe, budget, recorded.stages)
+        plan.check(data.window)
+        say(f"memory plan: {plan.describe(data.window)} (as planned at the run's start)")
+    else:
+        # A chunk size recorded once is kept: under BatchNorm it is part of the model.
+        plan = plan_at(k) if how == _HOLDS_ANEW else fit(plan_at, k, data.window, say)
+        plan.check(data.window)
+        say(f"memory plan: {plan.describe(data.window)}")
+        if is_main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Recorded(plan.probe, plan.stages, **now).write(path)
     plan.apply(chunked)
     return plan
+
+
+def _changes(then: dict[str, Any], now: dict[str, Any], recorded: Recorded, fixed: int) -> str:
+    """What differs between the recorded plan's circumstances and this start's, for people."""
+    said = []
+    if then["device"] != now["device"]:
+        said.append(f"device {then['device']}, this start runs on {now['device']}")
+    if then["budget_bytes"] != now["budget_bytes"]:
+        said.append(
+            f"a budget of {format_size(then['budget_bytes'])}, this start has "
+            f"{format_size(now['budget_bytes'])}"
+        )
+    if recorded.probe.fixed_bytes != fixed:
+        said.append(
+            f"{format_size(recorded.probe.fixed_bytes)} of parameters and optimizer state a "
+            f"rank, this start has {format_size(fixed)} (another number of ranks?)"
+        )
+    keys = [k for k in now["shape"] if then["shape"].get(k) != now["shape"][k]]
+    if keys:
+        said.append(f"other {', '.join(keys)}")
+    return "; ".join(said)

@@ -41,7 +41,7 @@ from distseq.errors import ConfigError
 from distseq.memory.chunked import NOTHING, WHOLE, ChunkedModel, Hold
 from distseq.units import format_size
 
-CHUNKS = (1, 2, 4, 8, 16, 32)  # the chunk sizes a plan may run at
+CHUNKS = (1, 2, 4, 8, 16, 32)  # the chunk sizes a plan falls back to when the floor is too high
 _STAGE_FIELDS = ("stage_bytes", "stage_seconds", "stage_recompute_bytes")
 
 
@@ -289,17 +289,22 @@ class Plan:
         )
 
 
-def fit(plan_at: Callable[[int], Plan], frames: int, say: Callable[[str], None]) -> Plan:
-    """The plan for T=``frames`` at the probe's chunk size or, where even its floor does not
-    fit, at the largest smaller one whose floor does, each probed anew (``plan_at(largest)``):
-    a smaller chunk recomputes a smaller piece at a time, and runs at its own, lower, speed.
-    Refuses in one line (Plan.check) when the smallest does not fit either."""
-    largest = max(CHUNKS)
+def fit(
+    plan_at: Callable[[int], Plan], first: int, frames: int, say: Callable[[str], None]
+) -> Plan:
+    """The plan for T=``frames`` at chunks of ``first`` frames or, where even its floor does not
+    fit, at the largest smaller size of CHUNKS whose floor does, each probed anew
+    (``plan_at(k)``): a smaller chunk recomputes a smaller piece at a time, and runs at its own,
+    lower, speed. Refuses in one line (Plan.check) when the smallest does not fit either, and at
+    once, without probing smaller chunks, when what no chunk size changes does not fit: the
+    parameters and optimizer state and the T-long part of the step."""
+    k = first
     while True:
-        plan = plan_at(largest)
-        k, floor = plan.probe.chunk_frames, plan.floor_bytes(frames)
+        plan = plan_at(k)
+        p, floor = plan.probe, plan.floor_bytes(frames)
         smaller = [c for c in CHUNKS if c < k]
-        if floor <= plan.budget_bytes or not smaller:
+        hopeless = p.fixed_bytes + frames * p.per_frame_bytes > plan.budget_bytes
+        if floor <= plan.budget_bytes or not smaller or hopeless:
             plan.check(frames)
             return plan
         say(
@@ -307,4 +312,4 @@ def fit(plan_at: Callable[[int], Plan], frames: int, say: Callable[[str], None])
             f"recomputed, above the budget of {format_size(plan.budget_bytes)}; probing smaller "
             "chunks"
         )
-        largest = max(smaller)
+        k = max(smaller)

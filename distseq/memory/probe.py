@@ -6,13 +6,13 @@ each stage split (memory.stages) holding its late stages, at both lengths; the b
 saves; and the CNN's forward time a frame up to each stage's start, timed within the same
 forwards. What it measured is a :class:`memory.plan.Probe`, all the plan works from.
 
-The chunk size k is the smallest whose CNN throughput is within 10% of the best measured, so
-that small chunks do not starve a GPU.
+It measures at the chunk size it is given: no timing decides k, so that the same config plans
+the same chunks whatever the machine's load (the chunk size is part of the model under
+BatchNorm, whose statistics are per chunk).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -24,12 +24,11 @@ from torch import nn
 
 from distseq.config import Recompute
 from distseq.memory.chunked import NOTHING, WHOLE, ChunkedModel, Hold
-from distseq.memory.measure import StepCost, fastest_seconds, measure_step, synchronize
+from distseq.memory.measure import StepCost, measure_step, synchronize
 from distseq.memory.plan import CHUNKS, Probe
 from distseq.memory.stages import stage_starts
 
-THROUGHPUT_SLACK = 0.9  # the smallest k with at least 90% of the best frames/s
-TIMINGS = 3  # timed runs per chunk size, after a warm-up
+TIMINGS = 3  # timed runs of the forward, after a warm-up
 
 
 @dataclass(frozen=True)
@@ -54,32 +53,6 @@ def resident_bytes(model: nn.Module) -> int:
         local = p.to_local() if hasattr(p, "to_local") else p
         total += local.numel() * (local.element_size() + 2 * 4)
     return total
-
-
-def _chunk_size(
-    model: nn.Module,
-    chunked: ChunkedModel,
-    frames: Callable[[int], torch.Tensor],
-    window: int,
-    largest: int,
-) -> int:
-    """The smallest k in CHUNKS, up to ``largest``, whose plain forward and backward reach 90% of
-    the best frames/s (a k-frame sequence, held whole: no recompute). The probe then runs 4k
-    frames: k is at most a quarter of the window, so that the probe never runs more frames than
-    training does."""
-    rates = {}
-    for k in [k for k in CHUNKS if 4 * k <= window and k <= largest] or [min(CHUNKS)]:
-        x = frames(k)
-        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-        chunked.keep_frames = k
-        step = functools.partial(_forward_backward, model, x, mask)
-        step()  # warm-up: allocator, cuDNN autotuning
-        # The fastest of a few runs: one run each flipped the choice between neighbouring
-        # sizes on this CPU.
-        rates[k] = x.shape[0] * k / fastest_seconds(step, x.device, TIMINGS)
-        model.zero_grad(set_to_none=True)
-    best = max(rates.values())
-    return min(k for k, rate in rates.items() if rate >= THROUGHPUT_SLACK * best)
 
 
 def _forward_backward(model: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> None:
@@ -155,12 +128,19 @@ def _left_as_it_was(
             model.zero_grad(set_to_none=True)
 
 
-def probe(
-    model: nn.Module, chunked: ChunkedModel, shape: RunShape, largest: int = max(CHUNKS)
-) -> Probe:
-    """Measure ``model`` (``chunked``, or it wrapped for FSDP/DDP) on random frames of ``shape``,
-    and leave both as they were, but for the stages it finds (ChunkedModel.hold_stages).
-    ``largest``: the largest chunk size to consider."""
+def first_chunk(chunk_frames: int, window: int) -> int:
+    """The chunk size a plan starts from: memory.chunk_frames, or where 4 of them would be more
+    than data.window, the largest of CHUNKS that is not (the probe runs 4k frames, and should
+    never run more than training does)."""
+    if 4 * chunk_frames <= window:
+        return chunk_frames
+    return max([c for c in CHUNKS if 4 * c <= window], default=min(CHUNKS))
+
+
+def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) -> Probe:
+    """Measure ``model`` (``chunked``, or it wrapped for FSDP/DDP) on random frames of ``shape``
+    in chunks of ``chunk`` frames, and leave both as they were, but for the stages it finds
+    (ChunkedModel.hold_stages)."""
     g, device, size = torch.Generator().manual_seed(0), shape.device, shape.size
 
     def frames(t: int) -> torch.Tensor:
@@ -182,9 +162,7 @@ def probe(
         torch_backend = chunked.recompute is Recompute.torch
         starts = stage_starts(model, chunked.backbone, size, device) if torch_backend else []
         chunked.hold_stages(starts)
-        chunked.chunk_frames = max(CHUNKS)  # one chunk per timed sequence
-        k = _chunk_size(model, chunked, frames, shape.window, largest)
-        chunked.chunk_frames = k
+        k = chunked.chunk_frames = chunk
         short, long = 2 * k, 4 * k
         recomputed_short = step(short, NOTHING)
         recomputed = step(long, NOTHING)

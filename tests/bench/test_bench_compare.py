@@ -12,7 +12,6 @@ from torchvision.io import decode_png
 
 from distseq.bench.compare import Row
 from distseq.cli import main
-from distseq.memory import plan, probe
 
 APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4, "planner_offload"]
 
@@ -20,12 +19,10 @@ APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4, "pla
 def test_every_row_and_column(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (plan, probe):  # fine granularity in a short sequence
-        monkeypatch.setattr(module, "CHUNKS", (4,))
     # MobileNet: few parameters, so at 32 px a step's memory is mostly activations, as it is for
     # a ResNet at 224 px; and dropout, which every row must draw alike.
     argv = ["bench", "compare", "--backbone", "mobilenet_v3_small", "--size", "32"]
-    argv += ["--frames", "96", "--chunk", "4"]
+    argv += ["--frames", "96", "--chunk", "4", "--plan-chunk", "4"]  # fine granularity
     assert main([*argv, "--json", "--out", str(tmp_path)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["approach"] for r in rows] == APPROACHES

@@ -20,7 +20,15 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import REPO, WORKERS, free_port, launch_torchrun, random_batch, tiny_config
+from conftest import (
+    REPO,
+    WORKERS,
+    free_port,
+    launch_torchrun,
+    random_batch,
+    run_distseq,
+    tiny_config,
+)
 from distseq.checkpoint.command import add_parser, run
 from distseq.checkpoint.export import load_exported
 from distseq.errors import TrainingError
@@ -297,3 +305,58 @@ def test_sigterm_to_torchrun_saves_before_the_workers_exit(shards: Path, tmp_pat
     assert sorted(rank for rank, _ in stopped) == ["0", "1"], err[-3000:]
     step = int(stopped[0][1])
     assert 2 <= step < 500 and latest(run) == f"step_{step:08d}"
+
+
+def test_a_budgeted_run_killed_and_relaunched_is_the_straight_run(
+    shards: Path, tmp_path: Path
+) -> None:
+    # With BatchNorm the chunk size is part of the model: its statistics are per chunk. The run
+    # plans once, records it, and a relaunch plans from the record, even where the config's
+    # memory.chunk_frames now says otherwise.
+    config = str(tiny_config(tmp_path, shards))
+    argv = ["memory.budget=1GB", "model.backbone.norm=batchnorm", "train.steps=5", "data.val="]
+    argv += ["train.save_every=1", "data.num_workers=0"]
+    runs = {name: tmp_path / name for name in ("straight", "killed")}
+    straight = run_distseq(
+        "train", config, *argv, f"train.out_dir={runs['straight']}", cwd=tmp_path
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "distseq",
+            "train",
+            config,
+            *argv,
+            f"train.out_dir={runs['killed']}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pointer = runs["killed"] / "checkpoints" / "latest"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if pointer.exists() and pointer.read_text().strip() >= "step_00000002":
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert latest(runs["killed"]) < "step_00000005", "the run ended before it was killed"
+    again = run_distseq(
+        "train",
+        config,
+        *argv,
+        f"train.out_dir={runs['killed']}",
+        "memory.chunk_frames=1",
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    (line,) = [x for x in again.stdout.splitlines() if x.startswith("memory plan: ")]
+    assert line.endswith("(as planned at the run's start)") and " chunk=2: " in line, line
+    assert latest(runs["killed"]) == latest(runs["straight"]) == "step_00000005"
+    final = full_state(runs["killed"] / "checkpoints" / "step_00000005")
+    assert_identical(final, full_state(runs["straight"] / "checkpoints" / "step_00000005"))

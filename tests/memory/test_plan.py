@@ -10,7 +10,6 @@ import torch
 from conftest import random_batch, tiny_model
 from distseq.errors import ConfigError
 from distseq.memory import plan as planning
-from distseq.memory import probe as probing
 from distseq.memory.budget import budget_bytes
 from distseq.memory.chunked import NOTHING, WHOLE, Hold
 from distseq.memory.measure import measure_step
@@ -22,24 +21,11 @@ T, SIZE = 48, 32
 SHAPE = RunShape(batch_size=1, size=SIZE, classes=3, window=T, device=CPU)
 
 
-def _chunk_sizes(monkeypatch: pytest.MonkeyPatch, sizes: tuple[int, ...]) -> None:
-    """The chunk sizes the probe times and a plan may fall back to."""
-    monkeypatch.setattr(planning, "CHUNKS", sizes)
-    monkeypatch.setattr(probing, "CHUNKS", sizes)
-
-
-@pytest.fixture(autouse=True)
-def _chunks_of_four(monkeypatch: pytest.MonkeyPatch) -> None:
-    # One candidate chunk size: the CPU's throughput decides nothing worth testing here, and
-    # chunks of 4 out of 48 frames make the budget's granularity fine.
-    _chunk_sizes(monkeypatch, (4,))
-
-
 @pytest.mark.parametrize("backbone", ["resnet18", "mobilenet_v3_small"])
 @pytest.mark.parametrize("share", [0.3, 0.7])
 def test_a_plan_keeps_a_real_step_under_its_budget(backbone: str, share: float) -> None:
     model = tiny_model("torch", chunk=8, backbone=backbone)
-    measured = probe(model, model, SHAPE)
+    measured = probe(model, model, SHAPE, 4)
     assert measured.chunk_frames == 4
     # A budget between the floor (all recomputed) and plain autograd's peak.
     floor, plain = Plan(measured, 0).floor_bytes(T), Plan(measured, 0).top_bytes(T)
@@ -63,7 +49,7 @@ def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
     model = tiny_model("torch", chunk=8, norm="batchnorm")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    probe(model, model, SHAPE)
+    probe(model, model, SHAPE, 4)
     assert torch.equal(torch.get_rng_state(), rng)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
@@ -73,7 +59,7 @@ def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
 
 def test_a_budget_below_the_floor_says_what_would_fit() -> None:
     model = tiny_model("torch", chunk=8)
-    measured = probe(model, model, SHAPE)
+    measured = probe(model, model, SHAPE, 4)
     floor = Plan(measured, 0).floor_bytes(T)
     plan = Plan(measured, int(floor) - 1)
     with pytest.raises(ConfigError) as error:
@@ -93,8 +79,8 @@ def test_a_fraction_of_the_device_needs_a_gpu() -> None:
 
 def test_offloaded_frames_cost_the_device_nothing_per_frame() -> None:
     model = tiny_model("torch", chunk=8)
-    on_device = probe(model, model, SHAPE)
-    on_host = probe(model, model, replace(SHAPE, frames_on_host=True))
+    on_device = probe(model, model, SHAPE, 4)
+    on_host = probe(model, model, replace(SHAPE, frames_on_host=True), 4)
     # On the CPU the step itself is the same; the plan stops counting the uint8 frames.
     assert on_device.per_frame_bytes - on_host.per_frame_bytes == 3 * SIZE * SIZE
     assert Plan(on_host, 10**9).peak_bytes(T) < Plan(on_device, 10**9).peak_bytes(T)
@@ -180,21 +166,20 @@ def test_a_level_above_the_line_between_its_neighbours_is_never_used() -> None:
 def test_a_floor_above_the_budget_is_tried_again_at_a_smaller_chunk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The probe would choose chunks of 4 (the largest allowed, here), whose floor is above the
-    # budget; chunks of 2 recompute half as much at a time and fit.
-    _chunk_sizes(monkeypatch, (2, 4))
-    monkeypatch.setattr(probing, "_chunk_size", lambda *args: min(4, args[-1]))
+    # The plan starts from chunks of 4, whose floor is above the budget; chunks of 2 recompute
+    # half as much at a time and fit.
+    monkeypatch.setattr(planning, "CHUNKS", (2, 4))
     model = tiny_model("torch", chunk=8)
-    floors = {k: Plan(probe(model, model, SHAPE, largest=k), 0).floor_bytes(T) for k in (2, 4)}
+    floors = {k: Plan(probe(model, model, SHAPE, k), 0).floor_bytes(T) for k in (2, 4)}
     assert floors[2] < floors[4]
     budget = int((floors[2] + floors[4]) / 2)
     probed, said = [], []
 
-    def plan_at(largest: int) -> Plan:
-        probed.append(largest)
-        return Plan(probe(model, model, SHAPE, largest=largest), budget)
+    def plan_at(chunk: int) -> Plan:
+        probed.append(chunk)
+        return Plan(probe(model, model, SHAPE, chunk), budget)
 
-    plan = planning.fit(plan_at, T, said.append)
+    plan = planning.fit(plan_at, 4, T, said.append)
     assert probed == [4, 2] and plan.probe.chunk_frames == 2
     assert plan.peak_bytes(T) <= budget
     assert len(said) == 1 and said[0].startswith("memory plan: chunk=4 needs "), said
@@ -202,5 +187,5 @@ def test_a_floor_above_the_budget_is_tried_again_at_a_smaller_chunk(
     probed.clear()
     budget = int(floors[2]) - 1
     with pytest.raises(ConfigError, match="every chunk of 2 recomputed"):
-        planning.fit(plan_at, T, said.append)
+        planning.fit(plan_at, 4, T, said.append)
     assert probed == [4, 2]
