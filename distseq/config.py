@@ -6,8 +6,9 @@ is refused where it is loaded: before ``distseq submit`` queues a job, not on th
 
 from __future__ import annotations
 
+import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,34 @@ class Config:
             self.memory.tbptt_frames,
             "truncated BPTT needs a causal head (model.head.bidirectional=false)",
         )
+
+
+def _absolute(urls: str) -> str:
+    """Shard URLs (a ``::`` list, brace patterns allowed) with each local path made absolute
+    against the current directory; remote ones (``pipe:``, ``http:``, ``file:``) as they are."""
+    return "::".join(
+        os.path.abspath(url) if url and not urlparse(url).scheme else url
+        for url in urls.split("::")
+    )
+
+
+def with_absolute_paths(cfg: Config) -> Config:
+    """``cfg`` with the local paths a run reads and writes made absolute (data.train, data.val,
+    data.manifest, train.out_dir, and model.backbone.weights where it is a file), so that the
+    run's recorded config, in its config.yaml and its checkpoints, means the same files from any
+    directory: ``eval``, ``report``, ``predict`` and a resume started anywhere else."""
+    data = replace(
+        cfg.data,
+        train=_absolute(cfg.data.train),
+        val=_absolute(cfg.data.val),
+        manifest=cfg.data.manifest and os.path.abspath(cfg.data.manifest),
+    )
+    weights = cfg.model.backbone.weights
+    if weights and Path(weights).is_file():
+        backbone = replace(cfg.model.backbone, weights=os.path.abspath(weights))
+        cfg = replace(cfg, model=replace(cfg.model, backbone=backbone))
+    train = replace(cfg.train, out_dir=os.path.abspath(cfg.train.out_dir))
+    return replace(cfg, data=data, train=train)
 
 
 def _rename_old_keys(conf: DictConfig, where: str, quiet: bool) -> None:

@@ -39,6 +39,21 @@ def local_path(url: str) -> Path | None:
     return Path(re.sub("^file://?", "", url))  # as webdataset opens it: file:///abs
 
 
+def recorded_shards(urls: str, key: str, option: str) -> str:
+    """A model's recorded shards (config key ``key``), checked before use: a run records them
+    as absolute paths, but they may have moved since; ``option`` overrides them."""
+    if not urls:
+        raise ConfigError(f"the model's config has no {key}: pass {option} with the shards")
+    for url in expand(urls, key):
+        path = local_path(url)
+        if path is not None and not path.is_file():
+            raise ConfigError(
+                f"the model's {key} {urls} is not there ({path} does not exist): pass {option} "
+                "with the shards where they are now"
+            )
+    return urls
+
+
 def check_shards_exist(urls: list[str]) -> None:
     for url in urls:
         path = local_path(url)

@@ -46,6 +46,7 @@ def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser("report", help="plots of a run and one report.html")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (train.out_dir)")
     p.add_argument("--out", default="", help="default: RUN/report")
+    p.add_argument("--split", default="", help="shards of the ribbons; default: the run's val")
     p.set_defaults(run=run_report)
 
 
@@ -83,5 +84,5 @@ def run_predict(args: argparse.Namespace) -> None:
 def run_report(args: argparse.Namespace) -> None:
     source = Path(args.run_dir)
     out = Path(args.out) if args.out else source / "report"
-    images = make_report(source, out)
+    images = make_report(source, out, args.split)
     print(f"wrote {out / 'report.html'} with {len(images)} pictures")

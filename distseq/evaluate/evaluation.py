@@ -12,6 +12,7 @@ import torch
 
 from distseq.checkpoint.export import Loaded
 from distseq.data.format import find_manifest
+from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
 from distseq.evaluate.metrics import METRICS
@@ -33,9 +34,7 @@ def evaluate(
     """The report of ``loaded`` on the videos of ``split`` (``val``: the model's own validation
     shards, else a shard pattern), written to ``out``; this rank's share, all ranks' report."""
     cfg = loaded.config.data
-    urls = cfg.val if split == "val" else split
-    if not urls:
-        raise ConfigError("the model's config has no data.val: pass --split with the shards")
+    urls = recorded_shards(cfg.val, "data.val", "--split") if split == "val" else split
     manifest_path = manifest_path or (cfg.manifest if split == "val" else "")
     manifest = find_manifest(urls, manifest_path, "--split")
     if manifest.classes != loaded.classes:

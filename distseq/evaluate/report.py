@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from distseq.checkpoint.export import load_checkpoint_model
-from distseq.data.format import load_manifest
+from distseq.data.format import find_manifest, load_manifest
+from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
 from distseq.errors import TrainingError
 from distseq.evaluate.plots import confusion, curves, ribbon
@@ -47,8 +49,9 @@ def _series(
     return out
 
 
-def make_report(run: Path, out: Path) -> list[Path]:
-    """Write the PNGs and report.html into ``out``; returns the PNGs, in the page's order."""
+def make_report(run: Path, out: Path, split: str = "") -> list[Path]:
+    """Write the PNGs and report.html into ``out``; returns the PNGs, in the page's order.
+    ``split``: the shards of the ribbons and the confusion matrix; empty, the run's data.val."""
     records = _records(run)
     out.mkdir(parents=True, exist_ok=True)
     made: list[tuple[str, Path]] = []
@@ -71,8 +74,13 @@ def make_report(run: Path, out: Path) -> list[Path]:
     loaded = load_checkpoint_model(run)
     cfg = loaded.config.data
     classes = loaded.classes
-    if cfg.val:
-        manifest = load_manifest(cfg)
+    if split or cfg.val:
+        if split:
+            cfg = replace(cfg, val=split, manifest="")
+            manifest = find_manifest(split, "", "--split")
+        else:
+            cfg = replace(cfg, val=recorded_shards(cfg.val, "data.val", "--split"))
+            manifest = load_manifest(cfg)
         rate = None if manifest.fps is None else manifest.fps / cfg.frame_stride
         counts = [[0] * len(classes) for _ in classes]
         (out / "ribbons").mkdir(exist_ok=True)

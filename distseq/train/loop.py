@@ -25,7 +25,7 @@ from distseq.checkpoint.sharded import (
     restore_rng,
     save_checkpoint,
 )
-from distseq.config import Config, Offload, to_yaml
+from distseq.config import Config, Offload, to_yaml, with_absolute_paths
 from distseq.data.batch import Batch
 from distseq.data.format import Manifest, load_manifest
 from distseq.data.train_stream import train_batches
@@ -93,9 +93,15 @@ def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, floa
 
 def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict[str, float]:
     run = _set_up(cfg, info)
+    cfg = run.cfg
     if run.position.step >= run.last_step:  # nothing left to train: a finished run relaunched
         return run.metrics
     stream = _batches(run)
+    # The first poll: from here on a stop waits for the next step boundary, where all ranks save
+    # together (before it, StopSignals stops the run at once). A stop asked for on some rank
+    # before this point has nothing of this leg to save.
+    if stop is not None and any_rank(stop()):
+        raise Interrupted(run.position.step, saved=False)
     with (
         MetricsLog(Path(cfg.train.out_dir), info.is_main, run.position.step) as log,
         _bar(run) as bar,
@@ -119,6 +125,7 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
 def _set_up(cfg: Config, info: DistInfo) -> Run:
     """The model, sharded and planned, its optimizer, and the run's position: restored from the
     latest checkpoint if there is one."""
+    cfg = with_absolute_paths(cfg)  # what the run records means the same files from anywhere
     out = Path(cfg.train.out_dir)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -128,7 +135,10 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     chunked = apply_memory_policy(build_model(cfg.model, manifest.num_classes), cfg.memory)
     model = parallelize(chunked, cfg.parallel, info)
     if cfg.memory.budget:
-        plan_for_budget(cfg, model, chunked, manifest.num_classes, info.device, from_rank_zero, say)
+        classes = manifest.num_classes
+        plan_for_budget(
+            cfg, model, chunked, classes, info.device, from_rank_zero, say, info.is_main
+        )
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
     latest = latest_checkpoint(out / "checkpoints")
