@@ -13,6 +13,7 @@ from torchvision.io import decode_png
 from conftest import tiny_config
 from distseq.cli import main
 from distseq.config import load_config
+from distseq.evaluate.report import make_report
 from distseq.train.loop import train
 from streams import N_VAL
 
@@ -52,3 +53,11 @@ def test_report_draws_every_picture_and_links_it(
     linked = set(re.findall(r'<img src="([^"]+)"', page))
     assert linked == names
     assert "Validation at step 3" in page and "Peak device memory is recorded on GPUs" in page
+    # Called directly, on other shards (--split): their videos' ribbons, the run's curves.
+    other = make_report(run, tmp_path / "other", split=str(shards / "val-000001.tar"))
+    drawn = sorted(p.relative_to(tmp_path / "other").as_posix() for p in other)
+    assert [d for d in drawn if d.startswith("ribbons/")] == [
+        "ribbons/val-000003.png",
+        "ribbons/val-000004.png",
+    ]
+    assert "loss.png" in drawn and "confusion.png" in drawn
