@@ -27,6 +27,13 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--fps", type=float, default=None, help="stored frames/s; default: index.json")
     p.add_argument("--out", default="", help="eval.json and CSVs; default: MODEL's folder / eval")
     p.add_argument("--json", action="store_true", help="print eval.json instead of the table")
+    p.add_argument(
+        "--background",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a class that makes no segment of the segment metrics (repeatable)",
+    )
     p.set_defaults(run=run_eval)
 
     p = sub.add_parser("predict", help="per-frame phases of videos, frame folders or shards")
@@ -59,7 +66,14 @@ def run_eval(args: argparse.Namespace) -> None:
     info = init_distributed()  # under torchrun, the videos are split across the ranks
     try:
         report = evaluate(
-            loaded, args.split, args.manifest, args.relaxed_seconds, args.fps, out, info
+            loaded,
+            args.split,
+            args.manifest,
+            args.relaxed_seconds,
+            args.fps,
+            out,
+            info,
+            args.background,
         )
     finally:
         close_distributed()

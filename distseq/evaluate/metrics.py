@@ -27,6 +27,11 @@ phase; then the mean over phases. The spread, as papers report it, is the standa
 Frame-level scores, which other papers report: accuracy and macro precision, recall, F1 and
 Jaccard over all frames of all videos concatenated, strict (no relaxation), macro over the
 phases that occur in the truth or the predictions, a 0/0 counting as 0 (sklearn's convention).
+The frame-level accuracy is action segmentation's "Acc" too.
+
+Segment metrics, as action segmentation reports them (``segments.py``, strict): the edit score's
+mean over videos, and F1@10, @25 and @50 from counts summed over videos; in [0, 1] here, as
+every other number of the report (the table prints percent).
 """
 
 from __future__ import annotations
@@ -37,7 +42,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distseq.evaluate.segments import OVERLAPS, edit_score, f1, segment_counts
+
 METRICS = ("accuracy", "precision", "recall", "jaccard", "f1")
+# Action segmentation's (segments.py): the edit score's mean and std over videos, and F1 at each
+# IoU of OVERLAPS from TP, FP and FN summed over videos.
+SEGMENT_METRICS = ("edit", *(f"f1@{round(100 * k)}" for k in OVERLAPS))
 
 
 @dataclass(frozen=True)
@@ -52,12 +62,20 @@ class VideoCounts:
     truth: list[int]  # per phase
     union: list[int]  # per phase: frames predicted p or true p
     strict_tp: list[int]  # per phase: predicted p and true p
+    edit: float = 0.0  # the segments' edit score (segments.py), in [0, 1]
+    segments: tuple[tuple[int, int, int], ...] = ()  # (TP, FP, FN) at each of OVERLAPS
 
 
 def count_video(
-    key: str, predicted: Sequence[int], truth: Sequence[int], classes: int, window: int = 0
+    key: str,
+    predicted: Sequence[int],
+    truth: Sequence[int],
+    classes: int,
+    window: int = 0,
+    background: frozenset[int] = frozenset(),
 ) -> VideoCounts:
-    """The counts of one video's per-frame predictions against its truth."""
+    """The counts of one video's per-frame predictions against its truth; ``background``: the
+    class ids that make no segment of their own (segments.py)."""
     pred, gt = np.asarray(predicted, dtype=np.int64), np.asarray(truth, dtype=np.int64)
     if pred.shape != gt.shape or pred.ndim != 1:
         raise ValueError(f"video {key}: {pred.shape} predictions for {gt.shape} labels")
@@ -78,7 +96,12 @@ def count_video(
         ntruth.append(int(is_true.sum()))
         union.append(int(either.sum()))
         strict.append(int((is_pred & is_true).sum()))
-    return VideoCounts(key, len(gt), int(correct.sum()), tp, npred, ntruth, union, strict)
+    p, y = pred.tolist(), gt.tolist()
+    found = tuple(segment_counts(p, y, k, background) for k in OVERLAPS)
+    edit = edit_score(p, y, background) / 100
+    return VideoCounts(
+        key, len(gt), int(correct.sum()), tp, npred, ntruth, union, strict, edit, found
+    )
 
 
 def _ratio(num: int, den: int) -> float:
@@ -128,6 +151,10 @@ def summarize(videos: Sequence[VideoCounts], classes: Sequence[str]) -> dict[str
         report[metric] = _mean_std(means)
     report["per_phase"] = per_phase
     report["frame_level"] = frame_level(videos, len(classes))
+    report["edit"] = _mean_std([v.edit for v in videos])
+    for i, name in enumerate(SEGMENT_METRICS[1:]):
+        tp, fp, fn = (sum(v.segments[i][j] for v in videos) for j in range(3))
+        report[name] = f1(tp, fp, fn)
     return report
 
 

@@ -14,7 +14,13 @@ import torch
 from torch import nn
 
 from distseq.data.batch import Batch
-from distseq.evaluate.metrics import METRICS, VideoCounts, count_video, summarize
+from distseq.evaluate.metrics import (
+    METRICS,
+    SEGMENT_METRICS,
+    VideoCounts,
+    count_video,
+    summarize,
+)
 from distseq.parallel import all_gather_objects
 
 
@@ -39,7 +45,7 @@ def probabilities_by_video(
 
 # What a training run logs of each validation, as ``val_<name>``: per-frame accuracy over all
 # labelled frames (as the loss counts them), then the phase metrics' means over the videos.
-VALIDATION = ("accuracy", "video_accuracy", *METRICS[1:])
+VALIDATION = ("accuracy", "video_accuracy", *METRICS[1:], *SEGMENT_METRICS)
 
 
 def validation_scores(report: dict[str, Any]) -> dict[str, float]:
@@ -49,6 +55,9 @@ def validation_scores(report: dict[str, Any]) -> dict[str, float]:
     scores["val_video_accuracy"] = report["accuracy"]["mean"]
     for metric in METRICS[1:]:
         scores[f"val_{metric}"] = report[metric]["mean"]
+    scores["val_edit"] = report["edit"]["mean"]
+    for metric in SEGMENT_METRICS[1:]:
+        scores[f"val_{metric}"] = report[metric]
     return scores
 
 
@@ -70,9 +79,11 @@ def validate(
     classes: list[str],
     window: int = 0,
     on_video: Callable[[str, torch.Tensor], None] | None = None,
+    background: frozenset[int] = frozenset(),
 ) -> dict[str, object]:
     """The metrics report (``metrics.summarize``) of ``model`` on the videos of ``batches``;
-    ``on_video(key, probabilities [T, K])`` sees each of this rank's videos on the way."""
+    ``on_video(key, probabilities [T, K])`` sees each of this rank's videos on the way;
+    ``background``: class ids that make no segment (segments.py)."""
     counts = []
     for key, probs, labels in probabilities_by_video(model, batches, device):
         if on_video is not None:
@@ -82,5 +93,6 @@ def validate(
         if not labelled.any():
             continue
         pred = probs.argmax(-1)[labelled].tolist()
-        counts.append(count_video(key, pred, labels[labelled].tolist(), len(classes), window))
+        truth = labels[labelled].tolist()
+        counts.append(count_video(key, pred, truth, len(classes), window, background))
     return summarize(gather(counts), classes)

@@ -42,6 +42,8 @@ def test_eval_gives_what_training_validated(run: Path, capsys: pytest.CaptureFix
     assert report["frame_level"]["accuracy"] == pytest.approx(val["val_accuracy"], abs=1e-12)
     assert report["accuracy"]["mean"] == pytest.approx(val["val_video_accuracy"], abs=1e-12)
     assert report["jaccard"]["mean"] == pytest.approx(val["val_jaccard"], abs=1e-12)
+    assert report["edit"]["mean"] == pytest.approx(val["val_edit"], abs=1e-12)
+    assert report["f1@50"] == pytest.approx(val["val_f1@50"], abs=1e-12)
     assert set(report) >= {"fps", "precision", "recall", "f1", "per_phase", "frame_level"}
     assert json.loads((run / "eval" / "eval.json").read_text()) == report
     # One CSV per video: a row per frame, probabilities summing to 1, the phase their argmax.
@@ -72,6 +74,11 @@ def test_an_exported_model_and_a_relaxed_window(
     assert (relaxed["fps"], relaxed["relaxed_frames"]) == (2.0, 2)
     assert relaxed["accuracy"]["mean"] >= strict["accuracy"]["mean"]
     assert relaxed["frame_level"] == strict["frame_level"]  # frame level is strict always
+    assert relaxed["f1@10"] == strict["f1@10"]  # and so are the segments
+    # phase0 as background: its runs are no segments, which changes the segment counts only.
+    background = evaluate(capsys, str(run), "--background", "phase0", "--out", str(tmp_path / "b"))
+    assert background["background"] == ["phase0"] and strict["background"] == []
+    assert background["frame_level"] == strict["frame_level"]
 
 
 def test_bad_requests_are_one_line(
@@ -86,3 +93,6 @@ def test_bad_requests_are_one_line(
     assert main(["eval", str(run), "--split", str(other / "val-{000000..000001}.tar")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "classes ['a', 'b', 'c'] are not the model's" in err
+    assert main(["eval", str(run), "--background", "nothing"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--background nothing: not one of the model's" in err

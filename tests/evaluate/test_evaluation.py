@@ -42,7 +42,7 @@ def test_the_table_lays_out_what_papers_report() -> None:
     # One video of 4 frames, truth 0 0 1 1, predicted 0 1 1 1: accuracy 3/4; phase 0 has
     # precision 1/1, recall 1/2; phase 1 precision 2/3, recall 2/2. Phase 2 is absent: n/a.
     counts = count_video("v", [0, 1, 1, 1], [0, 0, 1, 1], 3)
-    report = {"fps": 1.0, "relaxed_seconds": 0.0, "relaxed_frames": 0}
+    report = {"fps": 1.0, "relaxed_seconds": 0.0, "relaxed_frames": 0, "background": []}
     report |= summarize([counts], ["a", "b", "c"])
     lines = table(report, ["a", "b", "c"]).splitlines()
     assert lines[0] == "1 videos, fps 1.0, relaxed boundary off"
@@ -50,3 +50,9 @@ def test_the_table_lays_out_what_papers_report() -> None:
     assert lines[9].split() == ["a", "100.00", "50.00", "50.00", "66.67"]
     assert lines[10].split() == ["b", "66.67", "100.00", "66.67", "80.00"]
     assert lines[11].split() == ["c", "n/a", "n/a", "n/a", "n/a"]
+    # Segments: truth a a b b, prediction a b b b: a [0, 1) has IoU 1/2 with a [0, 2), b [1, 4)
+    # 2/3 with b [2, 4): both match at 0.1 to 0.5, edit 100.
+    assert lines[-1] == (
+        "segments (strict, background: none): edit 100.00 ± 0.00, "
+        "F1@10 100.00, F1@25 100.00, F1@50 100.00"
+    )
