@@ -197,9 +197,10 @@ class MemoryConfig:
     # The last N frames of a sequence hold their CNN activations instead of recomputing them.
     keep_frames: int = 0
     offload: Offload = Offload.none  # frames: a batch's frames stay in host memory
-    # Device memory for a training step ("40GB", or "0.5" of the device): the plan picks
-    # chunk_frames and, for each T, the chunks kept whole and the CNN stages each other chunk
-    # holds, to recompute as little as fits. "": no plan.
+    # Device memory for a training step ("40GB", or "0.5" of the device): at chunk_frames (or
+    # smaller, where even the floor does not fit), the plan picks for each T the chunks kept
+    # whole and the CNN stages each other chunk holds, to recompute as little as fits; chosen
+    # once at the run's start and recorded in plan.json. "": no plan.
     budget: str = ""
 
     def __post_init__(self) -> None:
