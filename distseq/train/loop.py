@@ -65,7 +65,7 @@ class Run:
     model: nn.Module
     state: TrainState  # the model, optimizer and schedule, as a checkpoint saves them
     resumed: Resumed | None
-    rank_state: RankState  # what this rank alone saved: its RNG states, skipped samples, carries
+    rank_state: RankState  # what this rank alone saved, as read back: RNG states, skips, carries
     position: Position
     metrics: dict[str, float]  # the last step's
     first_step: int  # this leg's
@@ -157,7 +157,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         metrics={} if resumed is None else resumed.metrics,
         first_step=position.step + 1,
         last_step=min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps),
-        skipped=saved.skipped,
+        skipped=list(saved.skipped),  # grows; rank_state stays what was read back
         carries=_carries(cfg, saved, info.device),
     )
 
