@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from distseq.files import write_atomic
 FORMAT = 1
 LABELS_MEMBER = "labels.json"  # a sample's labels, beside its frames
 FRAME_MEMBER_RE = re.compile(r"(\d{6})\.jpg")
+SPLITS = ("train", "val", "test")  # the test split is for distseq eval --split test only
 JPEG_QUALITY = 90  # of the frames distseq makes: distseq shard's default, the synthetic shards'
 
 
@@ -43,7 +44,7 @@ def frame_member(number: int) -> str:
 
 @dataclass
 class ShardInfo:
-    split: str  # "train" or "val"
+    split: str  # one of SPLITS
     samples: int
     frames: int
 
@@ -57,6 +58,7 @@ class Manifest:
     fps: float | None = None
     size: int | None = None
     quality: int | None = None
+    path: Path = Path("index.json")  # where it was read from or is written to
 
     @property
     def num_classes(self) -> int:
@@ -84,12 +86,13 @@ def parse_manifest(doc: Any, where: str) -> Manifest:
     for name, info in raw.items():
         ok = (
             isinstance(info, dict)
-            and info.get("split") in ("train", "val")
+            and info.get("split") in SPLITS
             and all(type(info.get(k)) is int and info[k] >= 0 for k in ("samples", "frames"))
         )
         if not ok:
             raise DataError(
-                f"manifest {where}: shard {name!r} needs split train|val, samples and frames >= 0"
+                f"manifest {where}: shard {name!r} needs a split of {SPLITS}, samples and frames "
+                ">= 0"
             )
         shards[name] = ShardInfo(info["split"], info["samples"], info["frames"])
     fps, size, quality = (doc.get(k) for k in ("fps", "size", "quality"))
@@ -124,4 +127,4 @@ def find_manifest(urls: str, manifest: str, key: str) -> Manifest:
         raise DataError(f"manifest not found: {path} (set data.manifest)") from None
     except (OSError, ValueError) as e:
         raise DataError(f"manifest {path}: {first_line(e)}") from None
-    return parse_manifest(doc, str(path))
+    return replace(parse_manifest(doc, str(path)), path=path)

@@ -9,22 +9,58 @@ from pathlib import Path
 from typing import TypeAlias
 
 from distseq.checkpoint.export import load_model
+from distseq.data.label_text import read_mapping
 from distseq.errors import ConfigError
-from distseq.evaluate.evaluation import evaluate, table
+from distseq.evaluate.evaluation import Judging, evaluate, table, write_report
+from distseq.evaluate.folds import folds_table, over_folds
+from distseq.evaluate.metrics import PROTOCOLS
 from distseq.evaluate.predict import frame_recipe, predict_videos
 from distseq.evaluate.report import make_report
-from distseq.parallel import close_distributed, init_distributed
+from distseq.evaluate.scored_files import score_files
+from distseq.files import write_atomic
+from distseq.parallel import DistInfo, close_distributed, init_distributed
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = sub.add_parser("eval", help="phase metrics of a trained model on whole videos")
-    p.add_argument("model", help="run directory, checkpoint, or exported .pt (safe to share)")
-    p.add_argument("--split", default="val", help="val (the model's data.val) or a shard pattern")
+    p = sub.add_parser(
+        "eval",
+        help="phase and segment metrics of trained models, or of prediction files, on whole videos",
+    )
+    p.add_argument(
+        "models",
+        nargs="*",
+        metavar="MODEL",
+        help="run directory, checkpoint, or exported .pt (safe to share); several: one per fold",
+    )
+    p.add_argument(
+        "--predictions",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="a folder of prediction files instead of a model (repeatable: one per fold)",
+    )
+    p.add_argument("--labels", type=Path, default=None, help="the truth files of --predictions")
+    p.add_argument("--mapping", type=Path, default=None, help="MS-TCN's mapping.txt: the classes")
+    p.add_argument(
+        "--split", default="val", help="val, test or train (the model's shards) or a shard pattern"
+    )
     p.add_argument("--manifest", default="", help="index.json of --split; default: beside it")
-    p.add_argument("--relaxed-seconds", type=float, default=0.0, help="Cholec80's is 10")
-    p.add_argument("--fps", type=float, default=None, help="stored frames/s; default: index.json")
+    p.add_argument(
+        "--protocol",
+        default="distseq",
+        choices=PROTOCOLS,
+        help="distseq (documented) or script: Cholec80's MATLAB evaluation, its slips included",
+    )
+    p.add_argument(
+        "--relaxed-seconds",
+        type=float,
+        default=None,
+        help="Cholec80's is 10; default: off (the script protocol: 10)",
+    )
+    p.add_argument("--fps", type=float, default=None, help="frames/s scored; default: index.json")
     p.add_argument("--out", default="", help="eval.json and CSVs; default: MODEL's folder / eval")
     p.add_argument("--json", action="store_true", help="print eval.json instead of the table")
     p.add_argument(
@@ -58,27 +94,57 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    if args.relaxed_seconds < 0:
-        raise ConfigError(f"--relaxed-seconds {args.relaxed_seconds}: must be >= 0")
-    source = Path(args.model)
-    loaded = load_model(source)
-    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent) / "eval"
-    info = init_distributed()  # under torchrun, the videos are split across the ranks
+    sources = [*args.models, *map(str, args.predictions)]
+    if bool(args.models) == bool(args.predictions):
+        raise ConfigError("distseq eval: give MODEL(s) or --predictions DIR(s), one of the two")
+    if bool(args.predictions) != (args.labels is not None):
+        raise ConfigError("--predictions and --labels go together")
+    if args.mapping is not None and not args.predictions:
+        raise ConfigError("--mapping is for --predictions: a model knows its classes")
+    if len(sources) > 1 and not args.out:
+        raise ConfigError("several folds: pass --out, the folder of folds.json and each fold's")
+    judging = Judging(args.relaxed_seconds, args.protocol, tuple(args.background))
+    info = init_distributed()  # under torchrun, each model's videos are split across the ranks
+    reports, names = [], []
     try:
-        report = evaluate(
-            loaded,
-            args.split,
-            args.manifest,
-            args.relaxed_seconds,
-            args.fps,
-            out,
-            info,
-            args.background,
-        )
+        for i, source in enumerate(sources):
+            path = Path(source)
+            out = Path(args.out) if args.out else (path if path.is_dir() else path.parent) / "eval"
+            if len(sources) > 1:
+                out = out / f"fold{i + 1}"
+            if args.predictions:
+                reports.append(_score_folder(path, args, judging, out, info.is_main))
+            else:
+                reports.append(_evaluate_model(path, args, judging, out, info))
+            names.append(f"fold{i + 1}" if len(sources) > 1 else path.name)
     finally:
         close_distributed()
-    if info.is_main:
-        print(json.dumps(report, indent=1) if args.json else table(report, loaded.classes))
+    if not info.is_main:
+        return
+    if len(reports) == 1:
+        print(json.dumps(reports[0], indent=1) if args.json else table(reports[0]))
+        return
+    summary = {"sources": sources, **over_folds(reports, names)}
+    write_atomic(Path(args.out) / "folds.json", json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1) if args.json else folds_table(summary))
+
+
+def _evaluate_model(
+    path: Path, args: argparse.Namespace, judging: Judging, out: Path, info: DistInfo
+) -> dict[str, object]:
+    loaded = load_model(path)
+    return evaluate(loaded, args.split, args.manifest, judging, args.fps, out, info)
+
+
+def _score_folder(
+    folder: Path, args: argparse.Namespace, judging: Judging, out: Path, is_main: bool
+) -> dict[str, object]:
+    mapping = read_mapping(args.mapping) if args.mapping else None
+    say = print if is_main else (lambda line: None)
+    report = score_files(folder, args.labels, mapping, judging, args.fps, say)
+    if is_main:
+        write_report(out, report)
+    return report
 
 
 def run_predict(args: argparse.Namespace) -> None:

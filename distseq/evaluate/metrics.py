@@ -29,6 +29,20 @@ Jaccard over all frames of all videos concatenated, strict (no relaxation), macr
 phases that occur in the truth or the predictions, a 0/0 counting as 0 (sklearn's convention).
 The frame-level accuracy is action segmentation's "Acc" too.
 
+The script protocol (``Scoring.protocol == "script"``, ``distseq eval --protocol script``)
+reproduces the Cholec80 MATLAB evaluation (``Evaluate.m`` and ``Main.m``) as published numbers
+use it, slips included, for the 7 Cholec80 phases in their order:
+
+- its end-of-segment window is tested on a true segment's last w frames but applied to its first
+  w: frame k < w of the segment counts as right where frame ``len - w + k`` was predicted one
+  phase early;
+- its extra allowances for phases 4 to 7 (ids 3 to 6 here): phases 4 and 5 may also be
+  predicted two phases early, phases 6 and 7 two phases early or late;
+- a phase present but never predicted has precision TP / 0: left out if TP = 0, else infinite and
+  clipped to 100 %;
+- across phases, the mean (and std) of Jaccard and recall is Matlab's ``mean``, so NaN when one
+  phase occurs in no video, and of precision ``nanmean``; it computes no F1 (NaN here).
+
 Segment metrics, as action segmentation reports them (``segments.py``, strict): the edit score's
 mean over videos, and F1@10, @25 and @50 from counts summed over videos; in [0, 1] here, as
 every other number of the report (the table prints percent).
@@ -45,9 +59,46 @@ import numpy as np
 from distseq.evaluate.segments import OVERLAPS, edit_score, f1, segment_counts
 
 METRICS = ("accuracy", "precision", "recall", "jaccard", "f1")
+PROTOCOLS = ("distseq", "script")  # this module's docstring: distseq's, and the MATLAB script's
+SCRIPT_PHASES = 7  # the script knows Cholec80's phases only
 # Action segmentation's (segments.py): the edit score's mean and std over videos, and F1 at each
 # IoU of OVERLAPS from TP, FP and FN summed over videos.
 SEGMENT_METRICS = ("edit", *(f"f1@{round(100 * k)}" for k in OVERLAPS))
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How frames are judged (module docstring)."""
+
+    window: int = 0  # the relaxed boundary, in frames; 0: strict
+    background: frozenset[int] = frozenset()  # class ids that make no segment (segments.py)
+    protocol: str = "distseq"  # one of PROTOCOLS
+
+
+STRICT = Scoring()
+
+
+def _relaxed(pred: np.ndarray, gt: np.ndarray, scoring: Scoring) -> np.ndarray:
+    """Frames whose prediction counts as right under ``scoring`` (module docstring)."""
+    correct = pred == gt
+    if scoring.window <= 0:
+        return correct
+    script = scoring.protocol == "script"
+    diff = pred - gt
+    edges = np.flatnonzero(np.diff(gt)) + 1
+    for start, end in zip(np.r_[0, edges], np.r_[edges, len(gt)], strict=True):
+        phase, t = int(gt[start]), min(scoring.window, end - start)
+        late, early = [-1], [1]
+        if script and phase in (3, 4):
+            early = [1, 2]
+        elif script and phase in (5, 6):
+            late, early = [-1, -2], [1, 2]
+        # Seen late: the first t frames predicted as the phase before (or two before).
+        correct[start : start + t] |= np.isin(diff[start : start + t], late)
+        # Seen early: tested on the last t frames; the script marks the first t instead.
+        at = start if script else end - t
+        correct[at : at + t] |= np.isin(diff[end - t : end], early)
+    return correct
 
 
 @dataclass(frozen=True)
@@ -71,22 +122,14 @@ def count_video(
     predicted: Sequence[int],
     truth: Sequence[int],
     classes: int,
-    window: int = 0,
-    background: frozenset[int] = frozenset(),
+    scoring: Scoring = STRICT,
 ) -> VideoCounts:
-    """The counts of one video's per-frame predictions against its truth; ``background``: the
-    class ids that make no segment of their own (segments.py)."""
+    """The counts of one video's per-frame predictions against its truth, judged by
+    ``scoring``."""
     pred, gt = np.asarray(predicted, dtype=np.int64), np.asarray(truth, dtype=np.int64)
     if pred.shape != gt.shape or pred.ndim != 1:
         raise ValueError(f"video {key}: {pred.shape} predictions for {gt.shape} labels")
-    correct = pred == gt
-    if window > 0:
-        # Each true segment [start, end]: its first and last min(window, length) frames.
-        edges = np.flatnonzero(np.diff(gt)) + 1
-        for start, end in zip(np.r_[0, edges], np.r_[edges, len(gt)], strict=True):
-            phase, t = gt[start], min(window, end - start)
-            correct[start : start + t] |= pred[start : start + t] == phase - 1
-            correct[end - t : end] |= pred[end - t : end] == phase + 1
+    correct = _relaxed(pred, gt, scoring)
     tp, npred, ntruth, union, strict = [], [], [], [], []
     for p in range(classes):
         is_pred, is_true = pred == p, gt == p
@@ -97,8 +140,8 @@ def count_video(
         union.append(int(either.sum()))
         strict.append(int((is_pred & is_true).sum()))
     p, y = pred.tolist(), gt.tolist()
-    found = tuple(segment_counts(p, y, k, background) for k in OVERLAPS)
-    edit = edit_score(p, y, background) / 100
+    found = tuple(segment_counts(p, y, k, scoring.background) for k in OVERLAPS)
+    edit = edit_score(p, y, scoring.background) / 100
     return VideoCounts(
         key, len(gt), int(correct.sum()), tp, npred, ntruth, union, strict, edit, found
     )
@@ -114,21 +157,31 @@ def _f1(precision: float, recall: float) -> float:
     return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
 
 
-def video_metrics(v: VideoCounts) -> dict[str, list[float] | float]:
+def _script_precision(tp: int, predicted: int) -> float:
+    # Matlab: TP / 0 is NaN for TP = 0 (left out) and Inf otherwise, which the script clips.
+    return _ratio(tp, predicted) if predicted else (1.0 if tp else math.nan)
+
+
+def video_metrics(v: VideoCounts, protocol: str = "distseq") -> dict[str, list[float] | float]:
     """One video's accuracy and per-phase precision, recall, Jaccard and F1 (NaN: left out)."""
     out: dict[str, list[float] | float] = {"accuracy": v.correct / v.frames if v.frames else 0.0}
     phases = range(len(v.truth))
     present = [v.truth[p] > 0 for p in phases]
-    prec = [_ratio(v.tp[p], v.predicted[p]) if present[p] else math.nan for p in phases]
+    precision = _script_precision if protocol == "script" else _ratio
+    prec = [precision(v.tp[p], v.predicted[p]) if present[p] else math.nan for p in phases]
     rec = [_ratio(v.tp[p], v.truth[p]) if present[p] else math.nan for p in phases]
     out["precision"], out["recall"] = prec, rec
     out["jaccard"] = [_ratio(v.tp[p], v.union[p]) if present[p] else math.nan for p in phases]
     # A present phase never found (recall 0) has F1 0 even where its precision is left out.
     out["f1"] = [0.0 if rec[p] == 0 else _f1(prec[p], rec[p]) for p in phases]
+    if protocol == "script":
+        out["f1"] = [math.nan for _ in phases]
     return out
 
 
-def _mean_std(values: Sequence[float]) -> dict[str, float]:
+def _mean_std(values: Sequence[float], skip_nan: bool = True) -> dict[str, float]:
+    if not skip_nan and any(math.isnan(x) for x in values):
+        return {"mean": math.nan, "std": math.nan}  # Matlab's mean and std of a NaN
     kept = [x for x in values if not math.isnan(x)]
     if not kept:
         return {"mean": math.nan, "std": math.nan}
@@ -136,9 +189,13 @@ def _mean_std(values: Sequence[float]) -> dict[str, float]:
     return {"mean": float(np.mean(kept)), "std": std}
 
 
-def summarize(videos: Sequence[VideoCounts], classes: Sequence[str]) -> dict[str, object]:
+def summarize(
+    videos: Sequence[VideoCounts], classes: Sequence[str], protocol: str = "distseq"
+) -> dict[str, object]:
     """The report of ``videos``: the field's table, per phase, and frame level (module doc)."""
-    per_video = [video_metrics(v) for v in videos]
+    per_video = [video_metrics(v, protocol) for v in videos]
+    # The script's mix: mean over phases for Jaccard and recall, nanmean for precision.
+    skip_nan = {m: protocol != "script" or m == "precision" for m in METRICS}
     report: dict[str, object] = {"videos": len(videos)}
     report["accuracy"] = _mean_std([m["accuracy"] for m in per_video])  # type: ignore[misc]
     per_phase: dict[str, dict[str, float]] = {name: {} for name in classes}
@@ -148,7 +205,7 @@ def summarize(videos: Sequence[VideoCounts], classes: Sequence[str]) -> dict[str
             over_videos = _mean_std([m[metric][p] for m in per_video])  # type: ignore[index]
             per_phase[name][metric] = over_videos["mean"]
             means.append(over_videos["mean"])
-        report[metric] = _mean_std(means)
+        report[metric] = _mean_std(means, skip_nan[metric])
     report["per_phase"] = per_phase
     report["frame_level"] = frame_level(videos, len(classes))
     report["edit"] = _mean_std([v.edit for v in videos])

@@ -17,6 +17,8 @@ from distseq.data.batch import Batch
 from distseq.evaluate.metrics import (
     METRICS,
     SEGMENT_METRICS,
+    STRICT,
+    Scoring,
     VideoCounts,
     count_video,
     summarize,
@@ -77,13 +79,12 @@ def validate(
     batches: Iterable[Batch],
     device: torch.device,
     classes: list[str],
-    window: int = 0,
+    scoring: Scoring = STRICT,
     on_video: Callable[[str, torch.Tensor], None] | None = None,
-    background: frozenset[int] = frozenset(),
 ) -> dict[str, object]:
-    """The metrics report (``metrics.summarize``) of ``model`` on the videos of ``batches``;
-    ``on_video(key, probabilities [T, K])`` sees each of this rank's videos on the way;
-    ``background``: class ids that make no segment (segments.py)."""
+    """The metrics report (``metrics.summarize``) of ``model`` on the videos of ``batches``,
+    judged by ``scoring``; ``on_video(key, probabilities [T, K])`` sees each of this rank's
+    videos on the way."""
     counts = []
     for key, probs, labels in probabilities_by_video(model, batches, device):
         if on_video is not None:
@@ -94,5 +95,5 @@ def validate(
             continue
         pred = probs.argmax(-1)[labelled].tolist()
         truth = labels[labelled].tolist()
-        counts.append(count_video(key, pred, truth, len(classes), window, background))
-    return summarize(gather(counts), classes)
+        counts.append(count_video(key, pred, truth, len(classes), scoring))
+    return summarize(gather(counts), classes, scoring.protocol)

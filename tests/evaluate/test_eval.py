@@ -95,4 +95,4 @@ def test_bad_requests_are_one_line(
     assert err.count("\n") == 1 and "classes ['a', 'b', 'c'] are not the model's" in err
     assert main(["eval", str(run), "--background", "nothing"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--background nothing: not one of the model's" in err
+    assert err.count("\n") == 1 and "--background nothing: not one of the classes" in err

@@ -11,7 +11,7 @@ import torch
 from distseq.checkpoint.export import Loaded
 from distseq.config import load_config
 from distseq.errors import ConfigError
-from distseq.evaluate.evaluation import evaluate, table
+from distseq.evaluate.evaluation import Judging, evaluate, table
 from distseq.evaluate.metrics import count_video, summarize
 from distseq.model.video import build_model
 from distseq.parallel import DistInfo
@@ -30,22 +30,23 @@ def untrained(shards: Path, classes: list[str]) -> Loaded:
 def test_a_split_s_report_and_its_files(shards: Path, tmp_path: Path) -> None:
     loaded = untrained(shards, ["phase0", "phase1", "phase2"])
     split = f"{shards}/val-{{000000..000001}}.tar"
-    report = evaluate(loaded, split, "", 2.0, 1.0, tmp_path, ONE)
+    report = evaluate(loaded, split, "", Judging(2.0), 1.0, tmp_path, ONE)
     assert report["videos"] == N_VAL and (report["fps"], report["relaxed_frames"]) == (1.0, 2)
     assert json.loads((tmp_path / "eval.json").read_text()) == report
     assert sorted(p.stem for p in tmp_path.glob("*.csv")) == [f"val-{i:06d}" for i in range(N_VAL)]
     with pytest.raises(ConfigError, match="are not the model's"):
-        evaluate(untrained(shards, ["x", "y", "z"]), split, "", 0.0, None, tmp_path, ONE)
+        evaluate(untrained(shards, ["x", "y", "z"]), split, "", Judging(), None, tmp_path, ONE)
 
 
 def test_the_table_lays_out_what_papers_report() -> None:
     # One video of 4 frames, truth 0 0 1 1, predicted 0 1 1 1: accuracy 3/4; phase 0 has
     # precision 1/1, recall 1/2; phase 1 precision 2/3, recall 2/2. Phase 2 is absent: n/a.
     counts = count_video("v", [0, 1, 1, 1], [0, 0, 1, 1], 3)
-    report = {"fps": 1.0, "relaxed_seconds": 0.0, "relaxed_frames": 0, "background": []}
+    report = {"classes": ["a", "b", "c"], "protocol": "distseq", "fps": 1.0}
+    report |= {"relaxed_seconds": 0.0, "relaxed_frames": 0, "background": []}
     report |= summarize([counts], ["a", "b", "c"])
-    lines = table(report, ["a", "b", "c"]).splitlines()
-    assert lines[0] == "1 videos, fps 1.0, relaxed boundary off"
+    lines = table(report).splitlines()
+    assert lines[0] == "1 videos, fps 1.0, relaxed boundary off, distseq protocol"
     assert lines[2].split() == ["accuracy", "75.00", "±", "0.00"]
     assert lines[9].split() == ["a", "100.00", "50.00", "50.00", "66.67"]
     assert lines[10].split() == ["b", "66.67", "100.00", "66.67", "80.00"]

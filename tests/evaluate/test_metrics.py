@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from distseq.evaluate.metrics import count_video, summarize, video_metrics
+from distseq.evaluate.metrics import Scoring, count_video, summarize, video_metrics
 
 NAN = math.nan
 
 
 def metrics(pred: list[int], truth: list[int], window: int = 0) -> dict:
-    return video_metrics(count_video("v", pred, truth, classes=3, window=window))
+    return video_metrics(count_video("v", pred, truth, classes=3, scoring=Scoring(window)))
 
 
 def same(got: list[float], want: list[float]) -> bool:
