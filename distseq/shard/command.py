@@ -11,7 +11,9 @@ import os
 from fractions import Fraction
 from pathlib import Path
 
+from distseq.data.datasets import STANDARD_SPLITS
 from distseq.data.format import JPEG_QUALITY
+from distseq.data.label_text import read_mapping, read_video_list
 from distseq.data.sources import safe_stem
 from distseq.errors import ConfigError
 from distseq.shard.write import Options, shard_inputs
@@ -32,7 +34,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--labels",
         required=True,
         type=Path,
-        help="folder of <stem>.txt|.csv|.tsv: rows 'frame<TAB>phase' or 'start_s,end_s,phase'",
+        help="folder of <stem>.txt|.csv|.tsv: rows 'frame<TAB>phase', one label per line (MS-TCN's "
+        "groundTruth/), or 'start_s,end_s,phase'",
+    )
+    p.add_argument(
+        "--unlabelled",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a label name of frames that carry no label (repeatable)",
+    )
+    p.add_argument(
+        "--label-tolerance",
+        type=int,
+        default=1,
+        metavar="FRAMES",
+        help="label files this many frames shorter or longer than their video are taken, the "
+        "difference unlabelled or dropped (one line per video)",
     )
     p.add_argument("--out", required=True, type=Path, help="output folder")
     p.add_argument("--fps", type=Fraction, default=Fraction(1), help="output frame rate")
@@ -45,9 +63,31 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     split = p.add_mutually_exclusive_group()
     split.add_argument("--val-fraction", type=float, default=0.2, help="share of videos for val")
     split.add_argument("--val", default=None, help="comma-separated stems of the val videos")
+    split.add_argument("--val-list", type=Path, default=None, help="file of val videos (.bundle)")
+    split.add_argument(
+        "--standard-split",
+        default="",
+        choices=sorted(STANDARD_SPLITS),
+        help="a published train/val/test split by video number",
+    )
+    test = p.add_mutually_exclusive_group()
+    test.add_argument("--test", default=None, help="comma-separated stems of the test videos")
+    test.add_argument("--test-list", type=Path, default=None, help="file of test videos (.bundle)")
+    p.add_argument(
+        "--train-list",
+        type=Path,
+        default=None,
+        help="file of train videos (.bundle); videos in no list are left out",
+    )
     p.add_argument("--window", type=int, default=None, help="frames per sample (default: all)")
     p.add_argument("--stride", type=int, default=None, help="frames between windows (= window)")
-    p.add_argument("--classes", default=None, help="comma-separated phase names, in id order")
+    vocabulary = p.add_mutually_exclusive_group()
+    vocabulary.add_argument(
+        "--classes", default=None, help="comma-separated phase names, in id order"
+    )
+    vocabulary.add_argument(
+        "--mapping", type=Path, default=None, help="MS-TCN's mapping.txt: '<id> <name>' lines"
+    )
     p.add_argument(
         "--workers", type=int, default=min(8, os.cpu_count() or 1), help="0: no subprocesses"
     )
@@ -77,11 +117,23 @@ def parse_options(args: argparse.Namespace) -> Options:
     check(args.window is None or window >= 1, "--window", args.window, "must be >= 1")
     stride = window if args.stride is None else args.stride
     check(args.stride is None or stride >= 1, "--stride", args.stride, "must be >= 1")
-    classes = _names(args.classes)
-    val = _names(args.val)
+    check(args.label_tolerance >= 0, "--label-tolerance", args.label_tolerance, "must be >= 0")
+    lists = (args.test, args.test_list, args.train_list)
+    check(
+        not (args.standard_split and any(x is not None for x in lists)),
+        "--standard-split",
+        args.standard_split,
+        "sets every split: drop --test, --test-list and --train-list",
+    )
+    classes = read_mapping(args.mapping) if args.mapping else _names(args.classes)
+    val = read_video_list(args.val_list) if args.val_list else _names(args.val)
+    test = read_video_list(args.test_list) if args.test_list else _names(args.test)
+    train = read_video_list(args.train_list) if args.train_list else None
     if classes is not None:
         check(bool(classes), "--classes", args.classes, "must name at least one class")
         check(len(set(classes)) == len(classes), "--classes", args.classes, "has duplicates")
+        both = sorted(set(args.unlabelled) & set(classes))
+        check(not both, "--unlabelled", both[0] if both else "", "is also a class")
     return Options(
         inputs=list(args.inputs),
         labels=args.labels,
@@ -93,6 +145,11 @@ def parse_options(args: argparse.Namespace) -> Options:
         max_shard_bytes=args.max_shard_bytes,
         val_fraction=args.val_fraction,
         val=None if val is None else [safe_stem(stem) for stem in val],
+        test=[safe_stem(stem) for stem in test or []],
+        train=None if train is None else [safe_stem(stem) for stem in train],
+        standard_split=args.standard_split,
+        unlabelled=args.unlabelled,
+        tolerance=args.label_tolerance,
         window=window,
         stride=stride,
         workers=args.workers,

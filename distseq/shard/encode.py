@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from distseq.data.decode import UNLABELLED
 from distseq.data.format import LABELS_MEMBER, frame_member
 from distseq.data.sources import Source, image_files
 from distseq.data.video import source_frames
@@ -31,7 +32,8 @@ class Job:
 
     source: Source
     labels: Labels
-    class_ids: dict[str, int]
+    class_ids: dict[str, int]  # by label name; UNLABELLED for the --unlabelled names
+    tolerance: int  # frames of length difference between labels and video taken (labels.py)
     fps: Fraction
     folder_fps: Fraction
     size: int
@@ -48,6 +50,7 @@ class Encoded:
     frames: int  # source frames
     fps: float  # source frame rate
     samples: int
+    note: str  # where the labels and the video differ in length, one line; "" if they do not
 
 
 def _sha256(source: Source) -> str:
@@ -99,8 +102,8 @@ def init_worker() -> None:
 def encode(job: Job) -> Encoded:
     """Decode, resample, label and JPEG-encode one video into its temporary tar ``job.tar``."""
     jpegs, picks, n, rate = _decode(job)
-    names = phase_names(job.labels, n, rate, job.source.path)
-    labels = [job.class_ids[names[k]] for k in picks]
+    names, note = phase_names(job.labels, n, rate, job.source.path, job.tolerance)
+    labels = [UNLABELLED if (name := names[k]) is None else job.class_ids[name] for k in picks]
     starts = window_starts(len(jpegs), job.window, job.stride)
     length = job.window or len(jpegs)
     with tarfile.open(job.tar, "w", format=tarfile.USTAR_FORMAT) as tar:
@@ -110,7 +113,7 @@ def encode(job: Job) -> Encoded:
                 _add_member(tar, f"{key}.{frame_member(t)}", data)
             doc = {"labels": labels[start : start + length]}
             _add_member(tar, f"{key}.{LABELS_MEMBER}", json.dumps(doc).encode())
-    return Encoded(job.tar, _sha256(job.source), n, float(rate), len(starts))
+    return Encoded(job.tar, _sha256(job.source), n, float(rate), len(starts), note)
 
 
 def file_sha256(path: Path) -> str:

@@ -1,7 +1,8 @@
 """Phase labels of the inputs: per-frame or time-range phase files, one per video.
 
 A label file is ``<stem>.txt|.csv|.tsv`` (or Cholec80's ``<stem>-phase.txt``) in the --labels
-folder: rows ``frame<TAB>phase`` at the source frame rate, or ``start_s,end_s,phase``.
+folder: rows ``frame<TAB>phase`` or one label per line (MS-TCN's ``groundTruth``), at the source
+frame rate, or ``start_s,end_s,phase``. Windows line ends and byte-order marks read the same.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from distseq.data.label_text import fields, frame_labels, is_number, numbered_lines
 from distseq.data.sources import Source
 from distseq.errors import DataError
 
@@ -42,48 +44,35 @@ def find_label_file(folder: Path, source: Source) -> Path:
     return found[0]
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def read_labels(path: Path) -> Labels:
-    """Per-frame rows ``frame<TAB>phase`` or time ranges ``start,end,label``; header optional."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read: {e}") from None
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip() and not line.lstrip().startswith("#"):
-            fields = [f.strip() for f in line.split("\t" if "\t" in line else ",")]
-            rows.append((number, fields))
-    if rows and not _is_number(rows[0][1][0]):
-        rows = rows[1:]
+    """Per-frame labels in any layout of ``data.label_text`` (rows ``frame<TAB>phase`` from 0,
+    or one label per line, as MS-TCN's ``groundTruth``), or time ranges ``start,end,label``;
+    header optional."""
+    rows = [(number, fields(line)) for number, line in numbered_lines(path)]
+    if rows and not is_number(rows[0][1][0]) and len(rows[0][1]) == 3:
+        rows = rows[1:]  # a header "start,end,label"
     if not rows:
         raise DataError(f"{path}: no labels")
-    width = len(rows[0][1])
-    for number, fields in rows:
-        if width not in (2, 3) or len(fields) != width or not fields[-1]:
-            raise DataError(
-                f"{path} line {number}: expected rows 'frame<TAB>phase' or 'start,end,label'"
-            )
-    if width == 2:
-        per_frame: list[str] = []
-        for number, (index, name) in rows:
-            if index != str(len(per_frame)):
+    if len(rows[0][1]) not in (1, 2, 3):
+        raise DataError(
+            f"{path} line {rows[0][0]}: expected rows 'frame<TAB>phase', one label, "
+            "or 'start,end,label'"
+        )
+    if len(rows[0][1]) != 3:
+        by_frame = frame_labels(path)
+        for k, frame in enumerate(sorted(by_frame)):
+            if frame != k:
                 raise DataError(
-                    f"{path} line {number}: frame {index!r}, expected {len(per_frame)} "
-                    "(one row per frame, in order from 0)"
+                    f"{path}: frame {frame} follows frame {k - 1}: one row per frame, in order "
+                    "from 0"
                 )
-            per_frame.append(name)
-        return Labels(path, per_frame, None)
+        return Labels(path, [by_frame[k] for k in range(len(by_frame))], None)
     ranges: list[tuple[float, float, str]] = []
-    for number, (start, end, name) in rows:
-        if not (_is_number(start) and _is_number(end)):
+    for number, row in rows:
+        if len(row) != 3 or not row[2]:
+            raise DataError(f"{path} line {number}: expected 'start,end,label' like line 1")
+        start, end, name = row
+        if not (is_number(start) and is_number(end)):
             raise DataError(f"{path} line {number}: start and end must be seconds")
         a, b = float(start), float(end)
         if not 0 <= a < b or (ranges and a < ranges[-1][1]):
@@ -95,21 +84,31 @@ def read_labels(path: Path) -> Labels:
     return Labels(path, None, ranges)
 
 
-def phase_names(labels: Labels, n: int, rate: Fraction, video: Path) -> list[str]:
-    """One phase name per source frame; one frame of rounding at the end is tolerated."""
+def phase_names(
+    labels: Labels, n: int, rate: Fraction, video: Path, tolerance: int
+) -> tuple[list[str | None], str]:
+    """One phase name per source frame (None: unlabelled), and a line saying where the labels
+    and the video differ in length ("" where they do not). Up to ``tolerance`` frames of
+    difference are taken: frames past the labels' end are unlabelled, labels past the video's
+    end are dropped; more is refused."""
     if labels.per_frame is not None:
-        names = labels.per_frame
-        if abs(len(names) - n) > 1:
-            raise DataError(f"{labels.path}: {len(names)} labelled frames, but {video} has {n}")
-        return names[:n] + names[-1:] * (n - len(names))
+        given = len(labels.per_frame)
+        excess = given - n
+        if abs(excess) > tolerance:
+            raise DataError(
+                f"{labels.path}: {given} labelled frames, but {video} has {n} "
+                f"(--label-tolerance {tolerance})"
+            )
+        names: list[str | None] = list(labels.per_frame[:n]) + [None] * max(0, -excess)
+        return names, _difference(labels.path, video, excess, f"{given} labelled frames", n)
     assert labels.ranges is not None
     ranges = labels.ranges
     end = ranges[-1][1]
     duration = float(n / rate)
-    if abs(end - duration) > float(1 / rate) + 1e-9:
+    if abs(end - duration) > float(tolerance / rate) + 1e-9:
         raise DataError(
             f"{labels.path}: ranges end at {end:g} s, but {video} lasts {duration:g} s "
-            f"({n} frames at {float(rate):g} fps)"
+            f"({n} frames at {float(rate):g} fps; --label-tolerance {tolerance})"
         )
     starts = [a for a, _, _ in ranges]
     names = []
@@ -118,8 +117,17 @@ def phase_names(labels: Labels, n: int, rate: Fraction, video: Path) -> list[str
         i = bisect.bisect_right(starts, t) - 1
         if i >= 0 and t < ranges[i][1]:
             names.append(ranges[i][2])
-        elif t >= end:  # within the one-frame tolerance checked above
-            names.append(ranges[-1][2])
+        elif t >= end:  # within the tolerance checked above
+            names.append(None)
         else:
             raise DataError(f"{labels.path}: no range covers {t:g} s (frame {k} of {video})")
-    return names
+    excess = round((end - duration) * rate) if end > duration else -names.count(None)
+    return names, _difference(labels.path, video, excess, f"ranges to {end:g} s", n)
+
+
+def _difference(path: Path, video: Path, excess: int, given: str, n: int) -> str:
+    if excess < 0:
+        return f"{path}: {given}, {video} has {n}: its last {-excess} unlabelled"
+    if excess > 0:
+        return f"{path}: {given}, {video} has {n}: the last {excess} labels dropped"
+    return ""

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from distseq.data.format import Manifest, ShardInfo, write_manifest
+from distseq.data.format import SPLITS, Manifest, ShardInfo, write_manifest
 from distseq.data.sources import Source
 from distseq.errors import ConfigError, DataError
 from distseq.files import write_atomic
@@ -44,7 +44,7 @@ from distseq.shard.encode import file_sha256, source_bytes
 
 log = logging.getLogger(__name__)
 
-SHARD_RE = re.compile(r"(train|val)-(\d{6})\.tar")
+SHARD_RE = re.compile(r"(train|val|test)-(\d{6})\.tar")
 
 
 def _span(m: tarfile.TarInfo) -> int:
@@ -224,7 +224,7 @@ def check_unchanged(source: Source, label_file: Path, record: dict[str, Any], sp
 
 def next_indices(records: list[dict[str, Any]]) -> dict[str, int]:
     """Per split, the number after the highest committed shard."""
-    next_index = {"train": 0, "val": 0}
+    next_index = dict.fromkeys(SPLITS, 0)
     for record in records:
         for name in record["shards"]:
             match = SHARD_RE.fullmatch(name)

@@ -13,16 +13,20 @@ The stages are ``data.sources`` (inputs) and ``labels`` -> ``encode`` (worker pr
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from distseq.data.datasets import default_class_order, standard_split
+from distseq.data.decode import UNLABELLED
+from distseq.data.format import SPLITS
 from distseq.data.sources import find_sources
 from distseq.errors import ConfigError, DataError
 from distseq.shard.encode import Job, encode_all, file_sha256, source_bytes
@@ -55,7 +59,12 @@ class Options:
     stride: int
     workers: int  # 0: encode in this process
     seed: int
-    classes: list[str] | None  # None: sorted names found in the label files
+    classes: list[str] | None  # None: the names found (datasets.default_class_order)
+    test: list[str] = field(default_factory=list)  # explicit test stems
+    train: list[str] | None = None  # explicit train stems; None: the videos not in val or test
+    standard_split: str = ""  # a name of datasets.STANDARD_SPLITS, instead of the lists
+    unlabelled: list[str] = field(default_factory=list)  # label names of unlabelled frames
+    tolerance: int = 1  # frames of length difference taken between labels and video
 
     def settings(self, classes: list[str]) -> dict[str, Any]:
         """What decides a sample's content: a re-run into the same --out must not change it."""
@@ -80,37 +89,61 @@ class Summary:
 
 
 def split_videos(stems: list[str], opts: Options) -> dict[str, str]:
-    """Train/val by video: the explicit --val list, or a seeded draw of --val-fraction."""
-    if opts.val is not None:
-        unknown = sorted(set(opts.val) - set(stems))
+    """Each video's split: a standard split; else the test and train lists, and the explicit
+    --val list or a seeded draw of --val-fraction from the videos left. A video in no split
+    (with a train list) is not in the result."""
+    if opts.standard_split:
+        return standard_split(opts.standard_split, stems)
+    lists = {"--val": opts.val or [], "--test": opts.test, "--train": opts.train or []}
+    for option, listed in lists.items():
+        unknown = sorted(set(listed) - set(stems))
         if unknown:
-            raise ConfigError(f"--val {unknown[0]}: no input has that stem")
+            raise ConfigError(f"{option} {unknown[0]}: no input has that stem")
+    for (a, first), (b, second) in itertools.combinations(lists.items(), 2):
+        both = sorted(set(first) & set(second))
+        if both:
+            raise ConfigError(f"{both[0]} is in {a} and in {b}: a video is in one split")
+    test = set(opts.test)
+    if opts.val is not None:
         val = set(opts.val)
     else:
-        order = sorted(stems)
+        order = sorted(set(opts.train or stems) - test)
         random.Random(f"distseq-split:{opts.seed}").shuffle(order)
         # At least one train video whenever there are any.
         count = min(round(len(order) * opts.val_fraction), len(order) - 1)
         val = set(order[:count])
-    return {stem: "val" if stem in val else "train" for stem in stems}
+    train = set(stems) - test - val if opts.train is None else set(opts.train) - val
+    return {
+        stem: "test" if stem in test else "val" if stem in val else "train"
+        for stem in stems
+        if stem in test | val | train
+    }
 
 
 def shard_inputs(opts: Options) -> Summary:
     """Write the shards, commit records and index.json for ``opts``; see the module docstring."""
     sources = find_sources(opts.inputs)
-    # --val's names first: a misspelt one is said before any label file is read or video opened.
+    # The split's names first: a misspelt one is said before any label file is read.
     split = split_videos([s.stem for s in sources], opts)
+    left_out = [s.stem for s in sources if s.stem not in split]
+    if left_out:
+        names = ", ".join(left_out[:3]) + (", ..." if len(left_out) > 3 else "")
+        print(f"distseq shard: {len(left_out)} inputs in no split's list, left out: {names}")
+    sources = [s for s in sources if s.stem in split]
     label_files = {s.stem: find_label_file(opts.labels, s) for s in sources}
     labels = {stem: read_labels(path) for stem, path in label_files.items()}
+    unlabelled = set(opts.unlabelled)
     if opts.classes is not None:
         classes = opts.classes
         for lab in labels.values():
-            unknown = sorted(lab.names() - set(classes))
+            unknown = sorted(lab.names() - set(classes) - unlabelled)
             if unknown:
-                raise DataError(f"{lab.path}: label {unknown[0]!r} is not in --classes")
+                raise DataError(f"{lab.path}: label {unknown[0]!r} is not one of {classes}")
     else:
-        classes = sorted(set().union(*(lab.names() for lab in labels.values())))
-    class_ids = {name: i for i, name in enumerate(classes)}
+        classes = default_class_order(
+            set().union(*(lab.names() for lab in labels.values())) - unlabelled
+        )
+    class_ids = {name: i for i, name in enumerate(classes)} | dict.fromkeys(unlabelled, UNLABELLED)
     out = opts.out
 
     with claim(out, opts.settings(classes)):
@@ -128,6 +161,7 @@ def shard_inputs(opts: Options) -> Summary:
                 source=s,
                 labels=labels[s.stem],
                 class_ids=class_ids,
+                tolerance=opts.tolerance,
                 fps=opts.fps,
                 folder_fps=opts.folder_fps,
                 size=opts.size,
@@ -139,9 +173,7 @@ def shard_inputs(opts: Options) -> Summary:
             for s in todo
         ]
         next_index = next_indices(records)
-        packers = {
-            sp: Packer(out, sp, next_index[sp], opts.max_shard_bytes) for sp in ("train", "val")
-        }
+        packers = {sp: Packer(out, sp, next_index[sp], opts.max_shard_bytes) for sp in SPLITS}
         results = encode_all(jobs, opts.workers)
         try:
             with (
@@ -150,6 +182,8 @@ def shard_inputs(opts: Options) -> Summary:
             ):
                 for job, enc in zip(jobs, results, strict=True):
                     s = job.source
+                    if enc.note:
+                        bar.write(enc.note)
                     source = {
                         "split": split[s.stem],
                         "sha256": enc.sha256,

@@ -39,6 +39,7 @@ def test_a_frame_folder_becomes_labelled_samples(tmp_path: Path) -> None:
         source=Source("clip", folder, True),
         labels=read_labels(tmp_path / "clip.txt"),
         class_ids={"b": 0, "a": 1},
+        tolerance=1,
         fps=Fraction(1),
         folder_fps=Fraction(2),  # every other image: 0, 2, 4
         size=8,

@@ -21,27 +21,39 @@ def test_per_frame_rows_with_a_header_and_comments(tmp_path: Path) -> None:
     path = write(tmp_path / "v.txt", "Frame\tPhase\n# a note\n0\tPrep\n1\tPrep\n2\tCut\n")
     labels = read_labels(path)
     assert labels.per_frame == ["Prep", "Prep", "Cut"] and labels.names() == {"Prep", "Cut"}
-    # One frame of rounding at the end is tolerated: the last label repeats, or the extra goes.
-    assert phase_names(labels, 4, Fraction(25), Path("v.mp4")) == ["Prep", "Prep", "Cut", "Cut"]
-    assert phase_names(labels, 2, Fraction(25), Path("v.mp4")) == ["Prep", "Prep"]
-    with pytest.raises(DataError, match=r"v\.txt: 3 labelled frames, but v\.mp4 has 5"):
-        phase_names(labels, 5, Fraction(25), Path("v.mp4"))
+    # Up to --label-tolerance frames of difference: the video's last frames are unlabelled
+    # (None), or the labels' last are dropped, each said in one line.
+    names, note = phase_names(labels, 4, Fraction(25), Path("v.mp4"), 1)
+    assert names == ["Prep", "Prep", "Cut", None]
+    assert note == f"{path}: 3 labelled frames, v.mp4 has 4: its last 1 unlabelled"
+    names, note = phase_names(labels, 2, Fraction(25), Path("v.mp4"), 1)
+    assert names == ["Prep", "Prep"] and note.endswith("v.mp4 has 2: the last 1 labels dropped")
+    assert phase_names(labels, 3, Fraction(25), Path("v.mp4"), 0) == (["Prep", "Prep", "Cut"], "")
+    assert phase_names(labels, 5, Fraction(25), Path("v.mp4"), 2)[0][3:] == [None, None]
+    with pytest.raises(DataError, match=r"v\.txt: 3 labelled frames, but v\.mp4 has 5 \(--label-"):
+        phase_names(labels, 5, Fraction(25), Path("v.mp4"), 1)
 
 
 def test_time_ranges_label_each_frame_by_its_start_time(tmp_path: Path) -> None:
     labels = read_labels(write(tmp_path / "v.csv", "start,end,label\n0,1.5,a\n1.5,3,b\n"))
     # At 2 frames/s, frame k starts at k/2 s: 0, 0.5, 1.0 in a; 1.5, 2.0, 2.5 in b.
-    assert phase_names(labels, 6, Fraction(2), Path("v.mp4")) == ["a"] * 3 + ["b"] * 3
+    assert phase_names(labels, 6, Fraction(2), Path("v.mp4"), 1) == (["a"] * 3 + ["b"] * 3, "")
+    # 7 frames last 3.5 s: the last starts at 3 s, past the ranges: unlabelled, and said.
+    names, note = phase_names(labels, 7, Fraction(2), Path("v.mp4"), 1)
+    assert names[-2:] == ["b", None] and note.endswith("its last 1 unlabelled")
     with pytest.raises(DataError, match=r"ranges end at 3 s, but v\.mp4 lasts 5 s"):
-        phase_names(labels, 10, Fraction(2), Path("v.mp4"))
+        phase_names(labels, 10, Fraction(2), Path("v.mp4"), 1)
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("0\ta\n2\tb\n", r"line 2: frame '2', expected 1"),
+        ("0\ta\n2\tb\n", r"frame 2 follows frame 0: one row per frame, in order from 0"),
         ("0,1,a\n0.5,2,b\n", r"line 2: range 0.5..2 s is empty, negative, out of order or over"),
-        ("0\ta\tb\tc\n", r"line 1: expected rows 'frame<TAB>phase' or 'start,end,label'"),
+        (
+            "0\ta\tb\tc\n",
+            r"line 1: expected rows 'frame<TAB>phase', one label, or 'start,end,label'",
+        ),
         ("# only a comment\n", r"no labels"),
     ],
 )

@@ -38,7 +38,7 @@ def test_whole_videos_fill_shards_and_each_group_is_committed(tmp_path: Path) ->
     records = read_commits(out)
     assert [sorted(r["sources"]) for r in records] == [["v0"], ["v1"], ["v2"]]
     assert records[0]["shards"]["train-000000.tar"] == ShardInfo("train", samples=1, frames=3)
-    assert next_indices(records) == {"train": 3, "val": 0}
+    assert next_indices(records) == {"train": 3, "val": 0, "test": 0}
 
 
 def test_what_a_killed_run_left_is_removed_and_its_videos_redone(tmp_path: Path) -> None:
