@@ -96,3 +96,20 @@ def test_bad_requests_are_one_line(
     assert main(["eval", str(run), "--background", "nothing"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--background nothing: not one of the classes" in err
+    assert main(["eval", str(run), "--protocol", "script", "--fps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "for its 7 phases in procedure order; these are 3" in err
+    assert main(["eval", str(run), "--mapping", str(run / "config.yaml")]) == 2
+    assert "--mapping is for --predictions" in capsys.readouterr().err
+
+
+def test_several_models_are_folds(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The same model twice: each fold's numbers are its eval's, their std 0.
+    single = evaluate(capsys, str(run), "--out", str(tmp_path / "one"))
+    summary = evaluate(capsys, str(run), str(run), "--out", str(tmp_path / "two"))
+    assert summary["sources"] == [str(run), str(run)]
+    assert summary["folds"]["fold1"]["edit"] == single["edit"]["mean"]
+    assert summary["frame_accuracy"] == {"mean": single["frame_level"]["accuracy"], "std": 0.0}
+    assert json.loads((tmp_path / "two" / "fold2" / "eval.json").read_text()) == single

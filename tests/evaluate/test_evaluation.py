@@ -57,3 +57,27 @@ def test_the_table_lays_out_what_papers_report() -> None:
         "segments (strict, background: none): edit 100.00 ± 0.00, "
         "F1@10 100.00, F1@25 100.00, F1@50 100.00"
     )
+
+
+def test_split_test_is_the_test_shards_of_the_model_s_manifest(
+    shards: Path, tmp_path: Path
+) -> None:
+    # A copy of the shards whose second val shard is the test split (as distseq shard
+    # --test-list writes it): --split test takes it, from the manifest beside data.train.
+    data = tmp_path / "data"
+    data.mkdir()
+    for shard in shards.glob("*.tar"):
+        name = "test-000000.tar" if shard.name == "val-000001.tar" else shard.name
+        (data / name).write_bytes(shard.read_bytes())
+    index = json.loads((shards / "index.json").read_text())
+    info = index["shards"].pop("val-000001.tar")
+    index["shards"]["test-000000.tar"] = {**info, "split": "test"}
+    (data / "index.json").write_text(json.dumps(index))
+    loaded = untrained(data, ["phase0", "phase1", "phase2"])
+    report = evaluate(loaded, "test", "", Judging(), 1.0, tmp_path / "t", ONE)
+    assert report["videos"] == info["samples"] == N_VAL - 3  # val-000000 holds 3 of the 5
+    assert sorted(p.stem for p in (tmp_path / "t").glob("*.csv")) == ["val-000003", "val-000004"]
+    index["shards"] = {k: v for k, v in index["shards"].items() if v["split"] != "train"}
+    (data / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match="lists no train shards"):
+        evaluate(loaded, "train", "", Judging(), 1.0, tmp_path / "t", ONE)
