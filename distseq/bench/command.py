@@ -1,5 +1,5 @@
-"""``distseq bench memory|compare|data``: benchmarks that print numbers; their options, each a
-thin run over its module."""
+"""``distseq bench memory|compare|data|protocols``: benchmarks that print numbers; their
+options, each a thin run over its module."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, TypeAlias, TypeVar
 from distseq.bench.compare import CompareBench, bench_compare
 from distseq.bench.data import DataBench, bench_data
 from distseq.bench.memory import MemoryBench, bench_memory
+from distseq.bench.protocols import ProtocolsBench, bench_protocols
 from distseq.config import Recompute
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -22,6 +23,7 @@ def add_parser(sub: Subparsers) -> None:
     _add_memory(bench_sub)
     _add_compare(bench_sub)
     _add_data(bench_sub)
+    _add_protocols(bench_sub)
 
 
 def _options(kind: type[T], args: argparse.Namespace) -> T:
@@ -74,3 +76,15 @@ def _add_data(sub: Subparsers) -> None:
     )
     p.add_argument("--json", action="store_true", help="one JSON record per case")
     p.set_defaults(run=lambda args: bench_data(_options(DataBench, args)))
+
+
+def _add_protocols(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "protocols", help="eval's two protocols side by side on simulated Cholec80 predictions"
+    )
+    p.add_argument("--videos", type=int, default=40, help="Cholec80-shaped videos")
+    p.add_argument("--shift", type=float, default=15.0, help="std of a phase change's error, s")
+    p.add_argument("--relaxed-seconds", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="the numbers as JSON")
+    p.set_defaults(run=lambda args: bench_protocols(_options(ProtocolsBench, args)))
