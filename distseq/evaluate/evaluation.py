@@ -42,7 +42,7 @@ class Judging:
     background: Sequence[str] = ()  # names of the classes that make no segment
 
 
-def scoring(judging: Judging, classes: list[str], rate: float | None) -> tuple[Scoring, dict]:
+def scoring_of(judging: Judging, classes: list[str], rate: float | None) -> tuple[Scoring, dict]:
     """The ``Scoring`` of ``judging`` for ``classes`` at ``rate`` frames/s, and the report's
     first keys saying how it judged."""
     if judging.protocol not in PROTOCOLS:
@@ -62,8 +62,8 @@ def scoring(judging: Judging, classes: list[str], rate: float | None) -> tuple[S
         raise ConfigError(f"--relaxed-seconds {relaxed}: must be >= 0")
     if relaxed and rate is None:
         raise ConfigError(
-            "--relaxed-seconds needs the frame rate: index.json has no fps (distseq shard writes "
-            "it); pass --fps"
+            f"a relaxed window of {relaxed:g} s needs the frame rate, which no index.json "
+            "gives here (distseq shard records it): pass --fps, or --relaxed-seconds 0"
         )
     window = round(relaxed * rate) if rate and relaxed else 0
     ignored = frozenset(classes.index(name) for name in judging.background)
@@ -99,7 +99,7 @@ def evaluate(
     # A model trained on every Nth stored frame is judged on them, at that rate.
     rate = fps or manifest.fps
     rate = None if rate is None else rate / cfg.frame_stride
-    judge, header = scoring(judging, loaded.classes, rate)
+    judge, header = scoring_of(judging, loaded.classes, rate)
     model = loaded.model.to(info.device)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from distseq.data.datasets import default_class_order
 from distseq.data.label_text import csv_classes, frame_labels
 from distseq.errors import ConfigError, DataError
-from distseq.evaluate.evaluation import Judging, scoring
+from distseq.evaluate.evaluation import Judging, scoring_of
 from distseq.evaluate.metrics import count_video, summarize
 
 # How a video's file may be named: <video>-phase.txt (Cholec80), <video>.txt|.csv|.tsv, or
@@ -90,7 +90,7 @@ def score_files(
     if classes is None:
         classes = default_class_order({x for _, true in pairs.values() for x in true.values()})
         say(f"classes, in id order (--mapping sets them): {', '.join(classes)}")
-    judge, header = scoring(judging, classes, fps)
+    judge, header = scoring_of(judging, classes, fps)
     ids = _class_ids(classes)
     counts = []
     for name in names:

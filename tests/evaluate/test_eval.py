@@ -86,7 +86,7 @@ def test_bad_requests_are_one_line(
 ) -> None:
     assert main(["eval", str(run), "--relaxed-seconds", "10"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "index.json has no fps" in err and "--fps" in err
+    assert err.count("\n") == 1 and "needs the frame rate" in err and "--fps" in err
     other = write_stream_shards(tmp_path / "other")
     index = json.loads((other / "index.json").read_text())
     (other / "index.json").write_text(json.dumps({**index, "classes": ["a", "b", "c"]}))
