@@ -267,6 +267,9 @@ class TrainConfig:
     stop_after: int = 0
     # A SLURM job requeues itself on preemption or timeout at most this many times.
     max_requeues: int = 10
+    # A new run's first parameters: run directories, checkpoints or exported model.pt files,
+    # loaded by key in order before the first step (never over a resume); train/warm_start.py.
+    init_from: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", self.steps, "must be >= 1")
@@ -276,6 +279,8 @@ class TrainConfig:
         _check(self.keep_last >= 1, "train.keep_last", self.keep_last, "must be >= 1")
         _check(self.stop_after >= 0, "train.stop_after", self.stop_after, "must be >= 0")
         _check(self.max_requeues >= 0, "train.max_requeues", self.max_requeues, "must be >= 0")
+        for source in self.init_from:
+            _check(Path(source).exists(), "train.init_from", source, "does not exist")
 
 
 @dataclass
@@ -314,7 +319,8 @@ def _absolute(urls: str) -> str:
 
 def with_absolute_paths(cfg: Config) -> Config:
     """``cfg`` with the local paths a run reads and writes made absolute (data.train, data.val,
-    data.manifest, train.out_dir, and model.backbone.weights where it is a file), so that the
+    data.manifest, train.out_dir, train.init_from, and model.backbone.weights where it is a
+    file), so that the
     run's recorded config, in its config.yaml and its checkpoints, means the same files from any
     directory: ``eval``, ``report``, ``predict`` and a resume started anywhere else."""
     data = replace(
@@ -327,7 +333,11 @@ def with_absolute_paths(cfg: Config) -> Config:
     if weights and Path(weights).is_file():
         backbone = replace(cfg.model.backbone, weights=os.path.abspath(weights))
         cfg = replace(cfg, model=replace(cfg.model, backbone=backbone))
-    train = replace(cfg.train, out_dir=os.path.abspath(cfg.train.out_dir))
+    train = replace(
+        cfg.train,
+        out_dir=os.path.abspath(cfg.train.out_dir),
+        init_from=[os.path.abspath(source) for source in cfg.train.init_from],
+    )
     return replace(cfg, data=data, train=train)
 
 

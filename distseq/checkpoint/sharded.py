@@ -340,9 +340,9 @@ def load_sharded(state: dict[str, Any], path: Path) -> None:
         raise unreadable("checkpoint", path, e) from None
 
 
-# Keys that may change between legs of one run: the weights file only initialises the model,
-# and stop_after is how a leg ends.
-_FREE_KEYS = {"model.backbone.weights", "train.stop_after"}
+# Keys that may change between legs of one run: the weights file and init_from only initialise
+# the model, and stop_after is how a leg ends.
+_FREE_KEYS = {"model.backbone.weights", "train.init_from", "train.stop_after"}
 
 
 def _differences(saved: Any, now: Any, key: str) -> list[tuple[str, str]]:

@@ -52,6 +52,7 @@ from distseq.train.log import MetricsLog
 from distseq.train.optim import build_optimizer
 from distseq.train.signals import Interrupted
 from distseq.train.step import check_every_parameter_has_grad, clip_grad_norm, train_step
+from distseq.train.warm_start import warm_start
 from distseq.units import format_size
 
 
@@ -132,7 +133,13 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         write_atomic(out / "config.yaml", to_yaml(cfg))
     manifest = load_manifest(cfg.data)
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
-    chunked = apply_memory_policy(build_model(cfg.model, manifest.num_classes), cfg.memory)
+    latest = latest_checkpoint(out / "checkpoints")
+    plain = build_model(cfg.model, manifest.num_classes)
+    if cfg.train.init_from and latest is None:
+        warm_start(plain, cfg.train.init_from, say)  # before any wrapper: canonical keys
+    elif cfg.train.init_from:
+        say(f"train.init_from not loaded: resuming from {latest}")
+    chunked = apply_memory_policy(plain, cfg.memory)
     model = parallelize(chunked, cfg.parallel, info)
     if cfg.memory.budget:
         classes = manifest.num_classes
@@ -141,7 +148,6 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         )
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
-    latest = latest_checkpoint(out / "checkpoints")
     resumed = None if latest is None else load_checkpoint(latest, state)
     position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
     saved = RankState() if resumed is None else read_rank_state(resumed)
