@@ -1,4 +1,5 @@
-"""distseq command line: train, demo, shard, export, eval, predict, report, submit, bench.
+"""distseq command line: train, demo, shard, export, eval, predict, features, report, submit,
+bench.
 
 Each stage's commands live in ``<stage>/command.py`` (``add_parser`` sets ``run``), thin runs
 over that stage's library; this file only assembles them and turns the errors users cause into

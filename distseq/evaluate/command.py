@@ -1,5 +1,5 @@
-"""``distseq eval``, ``distseq predict`` and ``distseq report``: their options, and each a thin
-run over the library (``evaluation``, ``predict``, ``report``)."""
+"""``distseq eval``, ``predict``, ``features`` and ``report``: their options, and each a thin run
+over the library (``evaluation`` and ``scored_files``, ``predict``, ``features``, ``report``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from distseq.checkpoint.export import load_model
 from distseq.data.label_text import read_mapping
 from distseq.errors import ConfigError
 from distseq.evaluate.evaluation import Judging, evaluate, table, write_report
+from distseq.evaluate.features import write_features
 from distseq.evaluate.folds import folds_table, over_folds
 from distseq.evaluate.metrics import PROTOCOLS
 from distseq.evaluate.predict import frame_recipe, predict_videos
@@ -86,6 +87,19 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--ribbon", action="store_true", help="also a PNG ribbon of the phases")
     p.set_defaults(run=run_predict)
 
+    p = sub.add_parser("features", help="per-frame backbone features once, as <video>.npy")
+    p.add_argument("model", help="exported .pt (safe to share), run directory or checkpoint")
+    p.add_argument("inputs", nargs="+", help="video files, frame folders, folders, or shards")
+    p.add_argument("--out", required=True, type=Path, help="folder for <video>.npy")
+    p.add_argument("--fps", type=float, default=None, help="frames/s; default: training index.json")
+    p.add_argument("--folder-fps", type=float, default=None, help="of frame folders (= --fps)")
+    p.add_argument("--size", type=int, default=0, help="stored square size; default: as trained")
+    p.add_argument("--quality", type=int, default=0, help="JPEG quality; default: as trained")
+    p.add_argument(
+        "--chunk", type=int, default=0, help="frames per forward; default: memory.chunk_frames"
+    )
+    p.set_defaults(run=run_features)
+
     p = sub.add_parser("report", help="plots of a run and one report.html")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (train.out_dir)")
     p.add_argument("--out", default="", help="default: RUN/report")
@@ -159,6 +173,25 @@ def run_predict(args: argparse.Namespace) -> None:
         close_distributed()
     if info.is_main:
         print(f"predicted {total} videos into {out}")
+
+
+def run_features(args: argparse.Namespace) -> None:
+    loaded = load_model(Path(args.model))
+    how = frame_recipe(loaded, args.fps, args.folder_fps, args.size, args.quality)
+    chunk = args.chunk or loaded.config.memory.chunk_frames
+    info = init_distributed()
+    try:
+        done = write_features(loaded, args.inputs, how, chunk, args.out, info)
+    finally:
+        close_distributed()
+    if info.is_main:
+        speed = (
+            f", {done.frames / done.seconds:.1f} frames/s in the backbone" if done.seconds else ""
+        )
+        print(
+            f"wrote {done.videos} videos ({done.frames} frames) into {args.out}, "
+            f"{done.skipped} already there{speed}"
+        )
 
 
 def run_report(args: argparse.Namespace) -> None:

@@ -37,7 +37,7 @@ from distseq.model.video import VideoModel
 from distseq.parallel import DistInfo, all_reduce_sum
 
 
-def _chunks(frames: Iterable[torch.Tensor], size: int) -> Iterator[torch.Tensor]:
+def chunks(frames: Iterable[torch.Tensor], size: int) -> Iterator[torch.Tensor]:
     """uint8 frames [3, H, W] in order -> stacks [1, n <= size, 3, H, W]."""
     batch: list[torch.Tensor] = []
     for frame in frames:
@@ -58,7 +58,7 @@ def streamed_probabilities(
     if model.head.bidirectional:
         feats = [
             model.features(x.to(device), torch.ones(x.shape[:2], dtype=torch.bool, device=device))
-            for x in _chunks(frames, chunk)
+            for x in chunks(frames, chunk)
         ]
         if not feats:
             return torch.zeros((0, model.head.classifier.out_features))
@@ -67,7 +67,7 @@ def streamed_probabilities(
         return model.head(all_feats, mask)[0].float().softmax(-1).cpu()
     carry = Carry()
     probs = []
-    for x in _chunks(frames, chunk):
+    for x in chunks(frames, chunk):
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
         probs.append(model(x.to(device), mask, carry)[0].float().softmax(-1).cpu())
     if not probs:

@@ -113,3 +113,15 @@ def test_several_models_are_folds(
     assert summary["folds"]["fold1"]["edit"] == single["edit"]["mean"]
     assert summary["frame_accuracy"] == {"mean": single["frame_level"]["accuracy"], "std": 0.0}
     assert json.loads((tmp_path / "two" / "fold2" / "eval.json").read_text()) == single
+
+
+def test_features_of_a_run_through_the_command(
+    run: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["features", str(run), f"{shards}/val-000000.tar", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("wrote 3 videos (") and "0 already there" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"val-{i:06d}.npy" for i in range(3)]
+    assert main(argv) == 0
+    assert "wrote 0 videos (0 frames)" in capsys.readouterr().out
