@@ -9,7 +9,10 @@ without updates (docs/design.md, "FSDP1 fails silently").
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
+import struct
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,6 +75,52 @@ def say(text: str, file: TextIO | None = None) -> None:
         out = file or sys.stdout
         tqdm.write(text, file=out)
         out.flush()
+
+
+def _interface(address: str) -> str:
+    """The name of this host's interface that has ``address`` (SIOCGIFADDR per interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                request = struct.pack("256s", name.encode()[:15])
+                found = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, request)[20:24])
+            except OSError:  # no IPv4 address on it
+                continue
+            if found == address:
+                return name
+    return "an interface this host does not list"
+
+
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
+
+
+def nodes_line() -> str:
+    """Where each node's ranks talk from: its hostname, the address of its route to the group's
+    store (MASTER_ADDR) and that address's interface, and the interface gloo and NCCL are told
+    to use; "" on one node. A wrong one of these is how a multi-node run hangs (README)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return ""
+    store = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))  # UDP: no packet
+        address = s.getsockname()[0]
+    told = [
+        f"{k}={os.environ[k]}"
+        for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+        if k in os.environ
+    ]
+    me = (socket.gethostname(), address, _interface(address), ", ".join(told))
+    ranks: dict[tuple[str, str, str, str], list[int]] = {}
+    for rank, node in enumerate(all_gather_objects([me])):
+        ranks.setdefault(node, []).append(rank)
+    if len(ranks) == 1:
+        return ""
+    parts = [
+        f"{host} {addr} ({iface}{', ' + told if told else ''}; "
+        + (f"ranks {r[0]}-{r[-1]})" if len(r) > 1 else f"rank {r[0]})")
+        for (host, addr, iface, told), r in ranks.items()
+    ]
+    return f"{len(ranks)} nodes, store {store}: " + ", ".join(parts)
 
 
 def barrier() -> None:

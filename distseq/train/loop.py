@@ -45,6 +45,7 @@ from distseq.parallel import (
     close_distributed,
     from_rank_zero,
     init_distributed,
+    nodes_line,
     parallelize,
     say,
 )
@@ -127,6 +128,8 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     """The model, sharded and planned, its optimizer, and the run's position: restored from the
     latest checkpoint if there is one."""
     cfg = with_absolute_paths(cfg)  # what the run records means the same files from anywhere
+    if line := nodes_line():
+        say(line)
     out = Path(cfg.train.out_dir)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)

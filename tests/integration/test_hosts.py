@@ -1,0 +1,137 @@
+"""Multi-node runs on the test bed of hosts (``.ci/hosts.sh``: network namespaces, each its own
+hostname and address, joined by a bridge): torchrun's c10d rendezvous across hosts, launched as
+the README says, gives the parameters of the same ranks on one host."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_distseq, tiny_config
+from distseq.checkpoint.export import load_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.hosts]
+
+HOSTS = REPO / ".ci" / "hosts.sh"
+STATE = Path(os.environ.get("DISTSEQ_HOSTS_STATE", "/tmp/distseq-hosts"))
+NEEDED = 3
+
+
+def _up() -> bool:
+    made = STATE.read_text().split() if STATE.exists() else []
+    return all(f"ds-h{k}" in made for k in range(1, NEEDED + 1))
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[None]:
+    """The bed of NEEDED hosts: the one .ci/run made, else one made here and removed after."""
+    if _up():
+        yield
+        return
+    made = subprocess.run(["bash", str(HOSTS), "up", str(NEEDED)], capture_output=True, text=True)
+    if made.returncode != 0:
+        lines = (made.stderr.strip() or "no output").splitlines()
+        pytest.skip(f"no test bed of hosts (network namespaces need root): {lines[-1]}")
+    try:
+        yield
+    finally:
+        subprocess.run(["bash", str(HOSTS), "down"], check=True)
+
+
+def on_hosts(
+    nodes: int, nproc: int, cwd: Path, *args: str, timeout: float = 420
+) -> list[subprocess.CompletedProcess[str]]:
+    """``torchrun ... -m distseq ARGS`` on hosts 1..nodes at once, as the README's multi-node
+    recipe has it: c10d rendezvous at host 1, gloo told its interface."""
+    endpoint = f"ds-h1:{random.randint(20000, 29000)}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env["GLOO_SOCKET_IFNAME"] = "eth0"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}"]
+    torchrun += [f"--nproc_per_node={nproc}", "--rdzv_backend=c10d"]
+    torchrun += [f"--rdzv_endpoint={endpoint}", f"--rdzv_id={uuid.uuid4().hex[:8]}"]
+    procs = [
+        subprocess.Popen(
+            ["bash", str(HOSTS), "run", str(k), *torchrun, "-m", "distseq", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+        for k in range(1, nodes + 1)
+    ]
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                os.killpg(p.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+def parameters(run: Path) -> dict[str, torch.Tensor]:
+    return load_model(run).model.state_dict()
+
+
+def test_the_bed_is_hosts_that_reach_each_other(bed: None) -> None:
+    # Host 2 is called ds-h2, resolves ds-h3 to its own address, and reaches it over TCP.
+    server = subprocess.Popen(
+        ["bash", str(HOSTS), "run", "3", sys.executable, "-c",
+         "import socket; s = socket.create_server(('ds-h3', 23456)); c, a = s.accept(); "
+         "print(a[0], c.recv(5).decode())"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    client = (
+        "import socket, time\n"
+        "for _ in range(50):\n"
+        "    try: c = socket.create_connection(('ds-h3', 23456), timeout=1); break\n"
+        "    except OSError: time.sleep(0.1)\n"
+        "c.send(b'hello'); print(socket.gethostname(), socket.gethostbyname('ds-h3'))\n"
+    )
+    said = subprocess.run(
+        ["bash", str(HOSTS), "run", "2", sys.executable, "-c", client],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert said.stdout.split() == ["ds-h2", "10.77.0.3"], said.stderr
+    assert server.communicate(timeout=30)[0].split() == ["10.77.0.2", "hello"]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "per_node", "mode"),
+    [(2, 2, "fsdp"), (3, 1, "ddp")],
+)
+def test_a_multi_node_run_equals_one_host(
+    bed: None, tmp_path: Path, shards: Path, nodes: int, per_node: int, mode: str
+) -> None:
+    config = str(tiny_config(tmp_path, shards))
+    run = ["train", config, f"parallel.mode={mode}"]
+    results = on_hosts(nodes, per_node, tmp_path, *run, f"train.out_dir={tmp_path / 'hosts'}")
+    for k, proc in enumerate(results, 1):
+        assert proc.returncode == 0, f"host {k}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    # Rank 0 names every node's address and interface once, at the start.
+    line = next(line for line in results[0].stdout.splitlines() if " nodes, store ds-h1:" in line)
+    for k in range(1, nodes + 1):
+        assert f"ds-h{k} 10.77.0.{k} (eth0, GLOO_SOCKET_IFNAME=eth0;" in line
+    assert not any("nodes, store" in proc.stdout for proc in results[1:])
+    one = run_distseq(
+        *run, f"train.out_dir={tmp_path / 'one'}", cwd=tmp_path, torchrun=nodes * per_node
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert " nodes, store" not in one.stdout  # one node: nothing to say
+    # gloo reduces in rank order wherever the ranks run: bit-identical.
+    a, b = parameters(tmp_path / "hosts"), parameters(tmp_path / "one")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
