@@ -25,6 +25,7 @@ from distseq.checkpoint.sharded import (
     restore_rng,
     save_checkpoint,
 )
+from distseq.checkpoint.shared import check_shared
 from distseq.config import Config, Offload, to_yaml, with_absolute_paths
 from distseq.data.batch import Batch
 from distseq.data.format import Manifest, load_manifest
@@ -134,6 +135,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / "config.yaml", to_yaml(cfg))
+    check_shared(out)
     manifest = load_manifest(cfg.data)
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
     latest = latest_checkpoint(out / "checkpoints")

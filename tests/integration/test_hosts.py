@@ -48,19 +48,26 @@ def bed() -> Iterator[None]:
 
 
 def on_hosts(
-    nodes: int, nproc: int, cwd: Path, *args: str, timeout: float = 420
+    nodes: int,
+    nproc: int,
+    cwd: Path,
+    *args: str,
+    timeout: float = 420,
+    wrap: dict[int, list[str]] | None = None,
 ) -> list[subprocess.CompletedProcess[str]]:
     """``torchrun ... -m distseq ARGS`` on hosts 1..nodes at once, as the README's multi-node
-    recipe has it: c10d rendezvous at host 1, gloo told its interface."""
+    recipe has it: c10d rendezvous at host 1, gloo told its interface; ``wrap[k]`` goes before
+    host k's command."""
     endpoint = f"ds-h1:{random.randint(20000, 29000)}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env["GLOO_SOCKET_IFNAME"] = "eth0"
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}"]
     torchrun += [f"--nproc_per_node={nproc}", "--rdzv_backend=c10d"]
     torchrun += [f"--rdzv_endpoint={endpoint}", f"--rdzv_id={uuid.uuid4().hex[:8]}"]
+    distseq = [*torchrun, "-m", "distseq", *args]
     procs = [
         subprocess.Popen(
-            ["bash", str(HOSTS), "run", str(k), *torchrun, "-m", "distseq", *args],
+            ["bash", str(HOSTS), "run", str(k), *(wrap or {}).get(k, []), *distseq],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -135,3 +142,23 @@ def test_a_multi_node_run_equals_one_host(
     a, b = parameters(tmp_path / "hosts"), parameters(tmp_path / "one")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_an_output_folder_that_is_not_shared_is_refused_before_the_first_step(
+    bed: None, tmp_path: Path, shards: Path
+) -> None:
+    # Host 2 sees a folder of its own at train.out_dir (a tmpfs in a mount namespace of its
+    # own), as a node with a local disk there would.
+    out = tmp_path / "run"
+    out.mkdir()
+    private = ["unshare", "--mount", "sh", "-c", f'mount -t tmpfs tmpfs {out} && exec "$@"', "sh"]
+    config = str(tiny_config(tmp_path, shards))
+    results = on_hosts(2, 1, tmp_path, "train", config, timeout=300, wrap={2: private})
+    for k, proc in enumerate(results, 1):
+        assert proc.returncode != 0, f"host {k} ran"
+        assert (
+            f"train.out_dir {out} is not one folder for all ranks: rank 1 on ds-h2 does not see "
+            "what rank 0 on ds-h1 wrote there"
+        ) in proc.stderr, proc.stderr[-3000:]
+        assert "step 1:" not in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]  # no checkpoint, no token
