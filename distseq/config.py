@@ -227,8 +227,12 @@ class MemoryConfig:
 class ParallelConfig:
     mode: ParallelMode = ParallelMode.fsdp  # FSDP2 fully_shard, DDP, or one process
     precision: Precision = Precision.auto  # compute precision; gradients reduce in fp32
+    # How long a rank waits in a collective (and for the group to form) before it gives up: a
+    # lost node or link ends the run in this time, not in torch's 30 minutes.
+    timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
+        _check(self.timeout_s > 0, "parallel.timeout_s", self.timeout_s, "must be > 0")
         _check(
             not (self.precision is Precision.bf16 and self.mode is not ParallelMode.fsdp),
             "parallel.precision",

@@ -56,6 +56,7 @@ def test_renamed_keys_are_read_with_a_notice(
         (["memory.tbptt_frames=64", "model.head.bidirectional=true"], "memory.tbptt_frames"),
         (["data.ordered=true", "model.head.bidirectional=true"], "data.ordered"),
         (["parallel.precision=bf16", "parallel.mode=ddp"], "parallel.precision"),
+        (["parallel.timeout_s=0"], "parallel.timeout_s"),
         (["data.train=pipe:cat shards/x.tar"], "data.manifest"),
         (["data.train=http://host/x.tar"], "data.manifest"),
         (["data.on_error=ignore"], "data.on_error"),

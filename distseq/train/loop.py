@@ -87,7 +87,7 @@ def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, floa
     ``stop`` is polled after every step; once it returns True on any rank, all ranks save a
     checkpoint together and raise :class:`Interrupted` (e.g. a SLURM job told to stop).
     """
-    info = init_distributed()
+    info = init_distributed(cfg.parallel.timeout_s)
     try:
         return _train(cfg, info, stop)
     finally:
