@@ -37,6 +37,7 @@ def check_shared(folder: Path) -> None:
         r, host = blind[0]
         raise ConfigError(
             f"train.out_dir {folder} is not one folder for all ranks: rank {r} on {host} does "
-            f"not see what rank 0 on {views[0][0]} wrote there ({len(blind)} of {world} ranks do not); "
-            "checkpoints would be split across disks. Put it on a file system every node mounts"
+            f"not see what rank 0 on {views[0][0]} wrote there ({len(blind)} of {world} ranks "
+            "do not); checkpoints would be split across disks. Put it on a file system every "
+            "node mounts"
         )

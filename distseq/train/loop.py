@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ from distseq.data.batch import Batch
 from distseq.data.format import Manifest, load_manifest
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches
-from distseq.errors import TrainingError
+from distseq.errors import TrainingError, first_line
 from distseq.evaluate.validate import validate, validation_scores
 from distseq.files import write_atomic
 from distseq.memory.budget import plan_for_budget
@@ -40,15 +41,19 @@ from distseq.model.head import Carry
 from distseq.model.video import build_model
 from distseq.parallel import (
     DistInfo,
+    Node,
     all_reduce_sum,
     any_rank,
     average_batchnorm_stats,
     close_distributed,
     from_rank_zero,
     init_distributed,
+    is_collective_failure,
+    nodes,
     nodes_line,
     parallelize,
     say,
+    unreachable,
 )
 from distseq.train.log import MetricsLog
 from distseq.train.optim import build_optimizer
@@ -75,6 +80,7 @@ class Run:
     last_step: int  # this leg's: train.stop_after or train.steps
     skipped: list[str]  # bad samples this rank's stream skipped, from the start of the run
     carries: dict[int, Carry] | None  # data.ordered: the RNN state of each loader worker's lanes
+    nodes: list[Node]  # the group's hosts, [] on one
 
     @property
     def checkpoints(self) -> Path:
@@ -96,7 +102,6 @@ def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, floa
 
 def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict[str, float]:
     run = _set_up(cfg, info)
-    cfg = run.cfg
     if run.position.step >= run.last_step:  # nothing left to train: a finished run relaunched
         return run.metrics
     stream = _batches(run)
@@ -105,6 +110,34 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
     # before this point has nothing of this leg to save.
     if stop is not None and any_rank(stop()):
         raise Interrupted(run.position.step, saved=False)
+    try:
+        return _steps(run, stream, stop)
+    except Exception as e:
+        if is_collective_failure(e):
+            raise _lost(run, e) from None
+        raise
+
+
+def _lost(run: Run, error: Exception) -> TrainingError:
+    """One line for a collective that failed: which node does not answer, and what to do."""
+    gone = unreachable(run.nodes)
+    who = "; ".join(f"{node} does not answer" for node in gone) or (
+        "every node answers: a rank there died or hangs"
+        if run.nodes
+        else "the group's other ranks stopped"
+    )
+    latest = latest_checkpoint(run.checkpoints)
+    what = re.sub(r"^\[[^\]]*\]\s*", "", first_line(error))  # gloo's source file and line
+    return TrainingError(
+        f"a collective failed after step {run.position.step} (parallel.timeout_s="
+        f"{run.cfg.parallel.timeout_s:g}): {what}; {who}; relaunch when every node is back: the "
+        f"run resumes from {latest.name if latest else 'its start'}"
+    )
+
+
+def _steps(run: Run, stream: Iterator[Batch], stop: Callable[[], bool] | None) -> dict[str, float]:
+    """The loop of steps, validations and saves to the leg's last step."""
+    cfg, info = run.cfg, run.info
     with (
         MetricsLog(Path(cfg.train.out_dir), info.is_main, run.position.step) as log,
         _bar(run) as bar,
@@ -129,7 +162,8 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     """The model, sharded and planned, its optimizer, and the run's position: restored from the
     latest checkpoint if there is one."""
     cfg = with_absolute_paths(cfg)  # what the run records means the same files from anywhere
-    if line := nodes_line():
+    found = nodes()
+    if line := nodes_line(found):
         say(line)
     out = Path(cfg.train.out_dir)
     if info.is_main:
@@ -170,6 +204,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         last_step=min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps),
         skipped=list(saved.skipped),  # grows; rank_state stays what was read back
         carries=_carries(cfg, saved, info.device),
+        nodes=found,
     )
 
 

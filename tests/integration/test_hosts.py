@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,17 +48,12 @@ def bed() -> Iterator[None]:
         subprocess.run(["bash", str(HOSTS), "down"], check=True)
 
 
-def on_hosts(
-    nodes: int,
-    nproc: int,
-    cwd: Path,
-    *args: str,
-    timeout: float = 420,
-    wrap: dict[int, list[str]] | None = None,
-) -> list[subprocess.CompletedProcess[str]]:
-    """``torchrun ... -m distseq ARGS`` on hosts 1..nodes at once, as the README's multi-node
-    recipe has it: c10d rendezvous at host 1, gloo told its interface; ``wrap[k]`` goes before
-    host k's command."""
+def start_on_hosts(
+    nodes: int, nproc: int, cwd: Path, *args: str, wrap: dict[int, list[str]] | None = None
+) -> list[subprocess.Popen[str]]:
+    """``torchrun ... -m distseq ARGS`` started on hosts 1..nodes at once, as the README's
+    multi-node recipe has it: c10d rendezvous at host 1, gloo told its interface; ``wrap[k]``
+    goes before host k's command. Each host's processes are a session of their own."""
     endpoint = f"ds-h1:{random.randint(20000, 29000)}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env["GLOO_SOCKET_IFNAME"] = "eth0"
@@ -65,7 +61,7 @@ def on_hosts(
     torchrun += [f"--nproc_per_node={nproc}", "--rdzv_backend=c10d"]
     torchrun += [f"--rdzv_endpoint={endpoint}", f"--rdzv_id={uuid.uuid4().hex[:8]}"]
     distseq = [*torchrun, "-m", "distseq", *args]
-    procs = [
+    return [
         subprocess.Popen(
             ["bash", str(HOSTS), "run", str(k), *(wrap or {}).get(k, []), *distseq],
             stdout=subprocess.PIPE,
@@ -77,6 +73,12 @@ def on_hosts(
         )
         for k in range(1, nodes + 1)
     ]
+
+
+def finish(
+    procs: list[subprocess.Popen[str]], timeout: float = 420
+) -> list[subprocess.CompletedProcess[str]]:
+    """Each host's result; past ``timeout``, every host's processes are killed."""
     results = []
     for proc in procs:
         try:
@@ -87,6 +89,17 @@ def on_hosts(
             out, err = proc.communicate()
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return results
+
+
+def on_hosts(
+    nodes: int,
+    nproc: int,
+    cwd: Path,
+    *args: str,
+    timeout: float = 420,
+    wrap: dict[int, list[str]] | None = None,
+) -> list[subprocess.CompletedProcess[str]]:
+    return finish(start_on_hosts(nodes, nproc, cwd, *args, wrap=wrap), timeout)
 
 
 def parameters(run: Path) -> dict[str, torch.Tensor]:
@@ -162,3 +175,43 @@ def test_an_output_folder_that_is_not_shared_is_refused_before_the_first_step(
         ) in proc.stderr, proc.stderr[-3000:]
         assert "step 1:" not in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]  # no checkpoint, no token
+
+
+def test_a_lost_link_stops_the_run_in_one_line_and_it_resumes_bit_exact(
+    bed: None, tmp_path: Path, shards: Path
+) -> None:
+    config = str(tiny_config(tmp_path, shards))
+    run = ["train", config, "train.steps=12", "train.save_every=2", "parallel.timeout_s=20"]
+    out = tmp_path / "hosts"
+    procs = start_on_hosts(2, 1, tmp_path, *run, f"train.out_dir={out}")
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while '"step": 3,' not in (metrics.read_text() if metrics.exists() else ""):
+        assert time.monotonic() < deadline and procs[0].poll() is None, "no step 3"
+        time.sleep(0.2)
+    subprocess.run(["ip", "-n", "ds-h2", "link", "set", "eth0", "down"], check=True)
+    lost = time.monotonic()
+    try:
+        first = finish(procs[:1], timeout=180)[0]
+        stopped = time.monotonic() - lost
+    finally:
+        os.killpg(procs[1].pid, signal.SIGKILL)  # the lost host's agent hangs on the store
+        procs[1].communicate()
+        subprocess.run(["ip", "-n", "ds-h2", "link", "set", "eth0", "up"], check=True)
+    # Host 1 stops within the timeout (and the few seconds of probing), in one line that names
+    # the host that does not answer.
+    assert first.returncode != 0 and stopped < 20 + 30, (stopped, first.stderr[-3000:])
+    errors = [line for line in first.stderr.splitlines() if line.startswith("distseq: error")]
+    assert len(errors) == 1, first.stderr[-3000:]
+    assert "a collective failed after step" in errors[0] and "(parallel.timeout_s=20)" in errors[0]
+    assert "ds-h2 10.77.0.2 (eth0, GLOO_SOCKET_IFNAME=eth0; rank 1) does not answer" in errors[0]
+    assert "Traceback" not in first.stderr.split(errors[0])[0]  # no wall before the line
+    # Relaunched with the link back, the run resumes from its last checkpoint and ends as a
+    # run never stopped does (2 ranks on one host give the same bits, test above).
+    again = on_hosts(2, 1, tmp_path, *run, f"train.out_dir={out}")
+    for k, proc in enumerate(again, 1):
+        assert proc.returncode == 0, f"host {k}:\n{proc.stderr[-3000:]}"
+    straight = run_distseq(*run, f"train.out_dir={tmp_path / 'one'}", cwd=tmp_path, torchrun=2)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    a, b = parameters(out), parameters(tmp_path / "one")
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
