@@ -76,6 +76,8 @@ class Options:
             "window": self.window,
             "stride": self.stride,
             "classes": classes,
+            "unlabelled": sorted(self.unlabelled),
+            "label_tolerance": self.tolerance,
         }
 
 

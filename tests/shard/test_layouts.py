@@ -69,6 +69,16 @@ def test_mstcn_layout_with_its_lists_and_unlabelled_frames(
     # c: UNK is unlabelled, and so is the frame past its labels' end (-1 stored, IGNORE_INDEX
     # loaded, as the loss and the metrics leave them out).
     assert read_back(out, "test-000000.tar")["c"][1] == [IGNORE_INDEX, 2, 2, IGNORE_INDEX]
+    # The label tolerance decides the samples: a rerun into this --out must not change it.
+    with pytest.raises(ConfigError, match="written with label_tolerance=1, not 2"):
+        shard(
+            root / "videos",
+            *("--labels", root / "groundTruth", "--mapping", root / "mapping.txt"),
+            *("--train-list", root / "splits" / "train.split1.bundle"),
+            *("--test-list", root / "splits" / "test.split1.bundle", "--val-fraction", 0),
+            *("--unlabelled", "UNK", "--out", out, "--size", SIZE, "--workers", 0),
+            *("--fps", 2, "--folder-fps", 2, "--label-tolerance", 2),
+        )
 
 
 def test_label_lengths_beyond_the_tolerance_are_refused(tmp_path: Path) -> None:
