@@ -40,6 +40,7 @@ def bed() -> Iterator[None]:
         return
     made = subprocess.run(["bash", str(HOSTS), "up", str(NEEDED)], capture_output=True, text=True)
     if made.returncode != 0:
+        subprocess.run(["bash", str(HOSTS), "down"], check=True)  # what it made before failing
         lines = (made.stderr.strip() or "no output").splitlines()
         pytest.skip(f"no test bed of hosts (network namespaces need root): {lines[-1]}")
     try:
