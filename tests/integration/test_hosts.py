@@ -49,18 +49,32 @@ def bed() -> Iterator[None]:
         subprocess.run(["bash", str(HOSTS), "down"], check=True)
 
 
+def rendezvous() -> tuple[str, str]:
+    """A fresh c10d endpoint at host 1 and run id."""
+    return f"ds-h1:{random.randint(20000, 29000)}", uuid.uuid4().hex[:8]
+
+
 def start_on_hosts(
-    nodes: int, nproc: int, cwd: Path, *args: str, wrap: dict[int, list[str]] | None = None
+    hosts: list[int],
+    nnodes: int,
+    nproc: int,
+    cwd: Path,
+    *args: str,
+    rdzv: tuple[str, str] | None = None,
+    launcher: tuple[str, ...] = (),
+    wrap: dict[int, list[str]] | None = None,
 ) -> list[subprocess.Popen[str]]:
-    """``torchrun ... -m distseq ARGS`` started on hosts 1..nodes at once, as the README's
-    multi-node recipe has it: c10d rendezvous at host 1, gloo told its interface; ``wrap[k]``
-    goes before host k's command. Each host's processes are a session of their own."""
-    endpoint = f"ds-h1:{random.randint(20000, 29000)}"
+    """``torchrun ... -m distseq ARGS`` started on ``hosts`` at once, as the README's multi-node
+    recipe has it: c10d rendezvous at host 1 (``rdzv``: endpoint and id; default a fresh one),
+    gloo told its interface, an unshared store for restarts; ``wrap[k]`` goes before host k's
+    command. Each host's processes are a session of their own, led by its torchrun agent."""
+    endpoint, run_id = rdzv or rendezvous()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env["GLOO_SOCKET_IFNAME"] = "eth0"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}"]
-    torchrun += [f"--nproc_per_node={nproc}", "--rdzv_backend=c10d"]
-    torchrun += [f"--rdzv_endpoint={endpoint}", f"--rdzv_id={uuid.uuid4().hex[:8]}"]
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as the README's restart recipe
+    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}"]
+    torchrun += [f"--nproc_per_node={nproc}", "--rdzv_backend=c10d", *launcher]
+    torchrun += [f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}"]
     distseq = [*torchrun, "-m", "distseq", *args]
     return [
         subprocess.Popen(
@@ -72,7 +86,7 @@ def start_on_hosts(
             env=env,
             start_new_session=True,
         )
-        for k in range(1, nodes + 1)
+        for k in hosts
     ]
 
 
@@ -100,7 +114,22 @@ def on_hosts(
     timeout: float = 420,
     wrap: dict[int, list[str]] | None = None,
 ) -> list[subprocess.CompletedProcess[str]]:
-    return finish(start_on_hosts(nodes, nproc, cwd, *args, wrap=wrap), timeout)
+    hosts = list(range(1, nodes + 1))
+    return finish(start_on_hosts(hosts, nodes, nproc, cwd, *args, wrap=wrap), timeout)
+
+
+def wait_for_step(out: Path, step: int, proc: subprocess.Popen[str]) -> None:
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while f'"step": {step},' not in (metrics.read_text() if metrics.exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None, f"no step {step}"
+        time.sleep(0.2)
+
+
+def host_pids(k: int) -> list[str]:
+    """The processes running on host k (in its network namespace)."""
+    pids = subprocess.run(["ip", "netns", "pids", f"ds-h{k}"], capture_output=True, text=True)
+    return pids.stdout.split()
 
 
 def parameters(run: Path) -> dict[str, torch.Tensor]:
@@ -184,12 +213,8 @@ def test_a_lost_link_stops_the_run_in_one_line_and_it_resumes_bit_exact(
     config = str(tiny_config(tmp_path, shards))
     run = ["train", config, "train.steps=12", "train.save_every=2", "parallel.timeout_s=20"]
     out = tmp_path / "hosts"
-    procs = start_on_hosts(2, 1, tmp_path, *run, f"train.out_dir={out}")
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while '"step": 3,' not in (metrics.read_text() if metrics.exists() else ""):
-        assert time.monotonic() < deadline and procs[0].poll() is None, "no step 3"
-        time.sleep(0.2)
+    procs = start_on_hosts([1, 2], 2, 1, tmp_path, *run, f"train.out_dir={out}")
+    wait_for_step(out, 3, procs[0])
     subprocess.run(["ip", "-n", "ds-h2", "link", "set", "eth0", "down"], check=True)
     lost = time.monotonic()
     try:
@@ -215,4 +240,38 @@ def test_a_lost_link_stops_the_run_in_one_line_and_it_resumes_bit_exact(
     straight = run_distseq(*run, f"train.out_dir={tmp_path / 'one'}", cwd=tmp_path, torchrun=2)
     assert straight.returncode == 0, straight.stderr[-3000:]
     a, b = parameters(out), parameters(tmp_path / "one")
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_a_killed_agent_leaves_no_orphan_and_the_group_re_forms_bit_exact(
+    bed: None, tmp_path: Path, shards: Path
+) -> None:
+    config = str(tiny_config(tmp_path, shards))
+    run = ["train", config, "train.steps=12", "train.save_every=2", "parallel.timeout_s=20"]
+    run += [f"train.out_dir={tmp_path / 'hosts'}"]
+    rdzv = rendezvous()
+    restarts = ("--max-restarts=1",)
+    first, second = start_on_hosts([1, 2], 2, 1, tmp_path, *run, rdzv=rdzv, launcher=restarts)
+    wait_for_step(tmp_path / "hosts", 3, first)
+    os.kill(second.pid, signal.SIGKILL)  # host 2's torchrun agent alone, as the OOM killer does
+    # Its worker notices and exits: no process is left on host 2.
+    deadline = time.monotonic() + 30
+    while (left := host_pids(2)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"host 2's processes outlived its agent: {left}"
+    _, err = second.communicate()
+    assert "the torchrun agent" in err and "is gone; exiting" in err, err[-2000:]
+    # Host 1's agent restarts its worker, which waits for host 2 to come back; then the group
+    # re-forms and resumes from the last checkpoint.
+    (again,) = start_on_hosts([2], 2, 1, tmp_path, *run, rdzv=rdzv, launcher=restarts)
+    results = finish([first, again], timeout=300)
+    for k, proc in enumerate(results, 1):
+        assert proc.returncode == 0, f"host {k}:\n{proc.stderr[-3000:]}"
+    assert "distseq: resuming from" in results[0].stdout + results[0].stderr
+    lost = [line for line in results[0].stderr.splitlines() if "distseq: error" in line]
+    assert len(lost) == 1 and "a collective failed after step" in lost[0], results[0].stderr[-3000:]
+    one = tmp_path / "one"
+    straight = run_distseq(*run[:-1], f"train.out_dir={one}", cwd=tmp_path, torchrun=2)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    a, b = parameters(tmp_path / "hosts"), parameters(one)
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
