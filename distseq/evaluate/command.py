@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 from typing import TypeAlias
 
-from distseq.checkpoint.export import load_model
+from distseq.checkpoint.export import Loaded, load_model
 from distseq.data.label_text import read_mapping
 from distseq.errors import ConfigError
 from distseq.evaluate.evaluation import Judging, evaluate, table, write_report
 from distseq.evaluate.features import write_features
 from distseq.evaluate.folds import folds_table, over_folds
 from distseq.evaluate.metrics import PROTOCOLS
-from distseq.evaluate.predict import frame_recipe, predict_videos
+from distseq.evaluate.predict import FrameRecipe, frame_recipe, predict_videos
 from distseq.evaluate.report import make_report
 from distseq.evaluate.scored_files import score_files
 from distseq.files import write_atomic
@@ -73,31 +73,11 @@ def add_parser(sub: Subparsers) -> None:
     )
     p.set_defaults(run=run_eval)
 
-    p = sub.add_parser("predict", help="per-frame phases of videos, frame folders or shards")
-    p.add_argument("model", help="exported .pt (safe to share), run directory or checkpoint")
-    p.add_argument("inputs", nargs="+", help="video files, frame folders, folders, or shards")
-    p.add_argument("--out", required=True, help="folder for <video>.csv (and .png)")
-    p.add_argument("--fps", type=float, default=None, help="frames/s; default: training index.json")
-    p.add_argument("--folder-fps", type=float, default=None, help="of frame folders (= --fps)")
-    p.add_argument("--size", type=int, default=0, help="stored square size; default: as trained")
-    p.add_argument("--quality", type=int, default=0, help="JPEG quality; default: as trained")
-    p.add_argument(
-        "--chunk", type=int, default=0, help="frames per forward; default: memory.chunk_frames"
-    )
+    p = _model_over_videos(sub, "predict", "per-frame phases of videos, frame folders or shards")
     p.add_argument("--ribbon", action="store_true", help="also a PNG ribbon of the phases")
     p.set_defaults(run=run_predict)
 
-    p = sub.add_parser("features", help="per-frame backbone features once, as <video>.npy")
-    p.add_argument("model", help="exported .pt (safe to share), run directory or checkpoint")
-    p.add_argument("inputs", nargs="+", help="video files, frame folders, folders, or shards")
-    p.add_argument("--out", required=True, type=Path, help="folder for <video>.npy")
-    p.add_argument("--fps", type=float, default=None, help="frames/s; default: training index.json")
-    p.add_argument("--folder-fps", type=float, default=None, help="of frame folders (= --fps)")
-    p.add_argument("--size", type=int, default=0, help="stored square size; default: as trained")
-    p.add_argument("--quality", type=int, default=0, help="JPEG quality; default: as trained")
-    p.add_argument(
-        "--chunk", type=int, default=0, help="frames per forward; default: memory.chunk_frames"
-    )
+    p = _model_over_videos(sub, "features", "per-frame backbone features once, as <video>.npy")
     p.set_defaults(run=run_features)
 
     p = sub.add_parser("report", help="plots of a run and one report.html")
@@ -105,6 +85,30 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--out", default="", help="default: RUN/report")
     p.add_argument("--split", default="", help="shards of the ribbons; default: the run's val")
     p.set_defaults(run=run_report)
+
+
+def _model_over_videos(sub: Subparsers, name: str, what: str) -> argparse.ArgumentParser:
+    """The options of a model run over videos whose frames are made as its training frames were
+    (``predict`` and ``features``)."""
+    p = sub.add_parser(name, help=what)
+    p.add_argument("model", help="exported .pt (safe to share), run directory or checkpoint")
+    p.add_argument("inputs", nargs="+", help="video files, frame folders, folders, or shards")
+    p.add_argument("--out", required=True, type=Path, help="folder for one file per video")
+    p.add_argument("--fps", type=float, default=None, help="frames/s; default: training index.json")
+    p.add_argument("--folder-fps", type=float, default=None, help="of frame folders (= --fps)")
+    p.add_argument("--size", type=int, default=0, help="stored square size; default: as trained")
+    p.add_argument("--quality", type=int, default=0, help="JPEG quality; default: as trained")
+    p.add_argument(
+        "--chunk", type=int, default=0, help="frames per forward; default: memory.chunk_frames"
+    )
+    return p
+
+
+def _model_and_frames(args: argparse.Namespace) -> tuple[Loaded, FrameRecipe, int]:
+    """The model of ``_model_over_videos``' options, its frame recipe, and the chunk size."""
+    loaded = load_model(Path(args.model))
+    how = frame_recipe(loaded, args.fps, args.folder_fps, args.size, args.quality)
+    return loaded, how, args.chunk or loaded.config.memory.chunk_frames
 
 
 def run_eval(args: argparse.Namespace) -> None:
@@ -162,23 +166,18 @@ def _score_folder(
 
 
 def run_predict(args: argparse.Namespace) -> None:
-    loaded = load_model(Path(args.model))
-    how = frame_recipe(loaded, args.fps, args.folder_fps, args.size, args.quality)
-    chunk = args.chunk or loaded.config.memory.chunk_frames
-    out = Path(args.out)
+    loaded, how, chunk = _model_and_frames(args)
     info = init_distributed()
     try:
-        total = predict_videos(loaded, args.inputs, how, chunk, out, args.ribbon, info)
+        total = predict_videos(loaded, args.inputs, how, chunk, args.out, args.ribbon, info)
     finally:
         close_distributed()
     if info.is_main:
-        print(f"predicted {total} videos into {out}")
+        print(f"predicted {total} videos into {args.out}")
 
 
 def run_features(args: argparse.Namespace) -> None:
-    loaded = load_model(Path(args.model))
-    how = frame_recipe(loaded, args.fps, args.folder_fps, args.size, args.quality)
-    chunk = args.chunk or loaded.config.memory.chunk_frames
+    loaded, how, chunk = _model_and_frames(args)
     info = init_distributed()
     try:
         done = write_features(loaded, args.inputs, how, chunk, args.out, info)
