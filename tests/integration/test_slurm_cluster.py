@@ -26,7 +26,7 @@ import pytest
 import submitit
 from submitit.slurm.slurm import SlurmJob
 
-from conftest import launch_torchrun, tiny_config
+from conftest import REPO, launch_torchrun, tiny_config
 
 # The jobs unpickle the functions below in a fresh interpreter, where this test module (imported
 # by pytest from its rootdir) cannot be imported by name: pickle them by value instead.
@@ -301,60 +301,130 @@ def single_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
 
 
-@pytest.mark.usefixtures("single_threaded")
-def test_interrupted_job_saves_on_all_ranks_requeues_and_ends_as_uninterrupted(
-    slurm: Path, tmp_path: Path, shards: Path
-) -> None:
+STEPS = 16
+# No periodic checkpoints: a requeued run can only resume from the save on the signal.
+UNTIL_THE_END = (f"train.steps={STEPS}", "train.save_every=0")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, shards: Path) -> dict:
+    """The parameters of the tiny config run for STEPS steps by 2 ranks under torchrun on this
+    host, never interrupted: what every SLURM job of 2 ranks below must end with."""
+    from distseq.checkpoint.export import load_model
+
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    config = tiny_config(tmp, shards)
+    script = tmp / "ref_train.py"
+    script.write_text("import sys\nfrom distseq.cli import main\nsys.exit(main())\n")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GLOO_SOCKET_IFNAME", "lo")
+        proc = launch_torchrun(script, 2, tmp, "train", str(config), *UNTIL_THE_END)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_model(tmp / "run").model.state_dict()
+
+
+def _same_parameters(run: Path, expected: dict) -> None:
     import torch
 
-    from distseq.checkpoint.export import load_exported
+    from distseq.checkpoint.export import load_model
 
-    steps = 16
-    # No periodic checkpoints: the requeued run can only resume from the save on the signal.
-    overrides = (f"train.steps={steps}", "train.save_every=0")
-    job, run = _submit_tiny(tmp_path, shards, slurm, 2, *overrides)
+    got = load_model(run).model.state_dict()
+    assert got.keys() == expected.keys()
+    for name, value in got.items():
+        assert torch.equal(value, expected[name]), f"{name} differs from the uninterrupted run"
+
+
+def _interrupt_and_finish(job: SlurmJob, run: Path) -> str:
+    """Interrupt ``job`` as a preemption once it is training, let it requeue and finish; check
+    that it resumed from the step it saved on the signal. Returns its logs."""
     _wait_for_step(job, run, 2)
     job._interrupt()  # SIGTERM then SIGUSR2 to every task, as a preemption
-
     results = _wait(job)
-    assert [r["step"] for r in results] == [steps, steps], results
+    assert [r["step"] for r in results] == [STEPS] * len(results), results
     log = "".join(_logs(job).values())
     saved = re.search(r"SIG\w+\+SIG\w+: saved step (\d+), requeued job (\d+) \(1 of", log)
     assert saved, log
     assert saved[2] == job.job_id
     k = int(saved[1])
-    assert 2 <= k < steps, log
+    assert 2 <= k < STEPS, log
     assert f"resuming from {run / 'checkpoints' / f'step_{k:08d}'} at step {k}" in log, log
     states = _sacct_states(job.job_id)
     if states:
         assert states[0] in ("REQUEUED", "PREEMPTED") and states[-1] == "COMPLETED", states
+    return log
 
-    # The same config, never interrupted, under torchrun with the same world size.
-    ref = tmp_path / "ref"
-    script = tmp_path / "ref_train.py"
-    script.write_text("import sys\nfrom distseq.cli import main\nsys.exit(main())\n")
-    proc = launch_torchrun(
-        script,
-        2,
-        tmp_path,
-        "train",
-        str(tmp_path / "tiny.yaml"),
-        *overrides,
-        f"train.out_dir={ref}",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    models = []
-    for out in (run, ref):
-        exported = tmp_path / f"{out.name}.pt"
-        subprocess.run(
-            [sys.executable, "-m", "distseq", "export", str(out), "--out", str(exported)],
-            check=True,
-            capture_output=True,
-        )
-        models.append(load_exported(exported).model.state_dict())
-    assert models[0].keys() == models[1].keys()
-    for name, value in models[0].items():
-        assert torch.equal(value, models[1][name]), f"{name} differs from the uninterrupted run"
+
+@pytest.mark.usefixtures("single_threaded")
+def test_interrupted_job_saves_on_all_ranks_requeues_and_ends_as_uninterrupted(
+    slurm: Path, tmp_path: Path, shards: Path, uninterrupted: dict
+) -> None:
+    job, run = _submit_tiny(tmp_path, shards, slurm, 2, *UNTIL_THE_END)
+    _interrupt_and_finish(job, run)
+    _same_parameters(run, uninterrupted)
+
+
+# --- two nodes: the bed's hosts as SLURM nodes ---------------------------------------------------
+
+
+@pytest.fixture
+def two_nodes(slurm: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The partition ``hosts``: nodes ds-h1 and ds-h2, each a host of the bed (.ci/hosts.sh)
+    with a slurmd of its own. Jobs talk to each other over the bed's eth0."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-p", "hosts", "-o", "%N %T"],
+        capture_output=True, text=True, timeout=20, check=False,
+    )  # fmt: skip
+    nodes = dict(line.split() for line in out.stdout.splitlines())
+    if not all(nodes.get(n) in ("idle", "mixed") for n in ("ds-h1", "ds-h2")):
+        problem = f"partition 'hosts' has no idle ds-h1 and ds-h2 ({nodes or out.stderr.strip()})"
+        hint = "start it with `.ci/hosts.sh up 3 && DISTSEQ_SLURM_HOSTS=2 .ci/slurm.sh up`"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{problem} under CI=true; {hint}", pytrace=False)
+        pytest.skip(f"{problem}; {hint}")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    return slurm
+
+
+def _names_both_nodes(log: str) -> None:
+    start = next((line for line in log.splitlines() if "2 nodes, store ds-h1:" in line), None)
+    assert start, log
+    for k in (1, 2):
+        assert f"ds-h{k} 10.77.0.{k} (eth0, GLOO_SOCKET_IFNAME=eth0; rank {k - 1})" in start
+
+
+@pytest.mark.hosts
+def test_a_two_node_job_requeued_by_sigusr2_ends_as_one_host_uninterrupted(
+    two_nodes: Path, tmp_path: Path, shards: Path, uninterrupted: dict
+) -> None:
+    from distseq.launch.slurm import SlurmOptions, submit
+
+    config = tiny_config(tmp_path, shards)
+    opts = SlurmOptions(nodes=2, tasks_per_node=1, partition="hosts", time="00:05:00")
+    opts.folder = str(two_nodes)
+    job = submit(str(config), list(UNTIL_THE_END), opts)
+    assert isinstance(job, SlurmJob), type(job)
+    log = _interrupt_and_finish(job, tmp_path / "run")
+    _names_both_nodes(log)
+    _same_parameters(tmp_path / "run", uninterrupted)
+
+
+@pytest.mark.hosts
+def test_sbatch_torchrun_runs_one_torchrun_on_each_of_two_nodes(
+    two_nodes: Path, tmp_path: Path, shards: Path, uninterrupted: dict
+) -> None:
+    config = tiny_config(tmp_path, shards)
+    two_nodes.mkdir()  # for the job's output; sbatch will not make it
+    env = {**os.environ, "NPROC_PER_NODE": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # its torchrun
+    cmd = ["sbatch", "--wait", "--partition=hosts", "--nodes=2", "--gpus-per-node=0"]
+    cmd += ["--cpus-per-task=1", "--time=5", f"--output={two_nodes / '%j.out'}"]
+    cmd += [str(REPO / "launch" / "sbatch_torchrun.sh"), str(config), *UNTIL_THE_END]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S * 2)
+    log = "".join(path.read_text(errors="replace") for path in two_nodes.glob("*.out"))
+    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    _names_both_nodes(log)
+    _same_parameters(tmp_path / "run", uninterrupted)
 
 
 @pytest.mark.usefixtures("single_threaded")
