@@ -1,4 +1,4 @@
-"""``distseq bench memory|compare|data|protocols``: benchmarks that print numbers; their
+"""``distseq bench memory|compare|data|protocols|traffic``: benchmarks that print numbers; their
 options, each a thin run over its module."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from distseq.bench.compare import CompareBench, bench_compare
 from distseq.bench.data import DataBench, bench_data
 from distseq.bench.memory import MemoryBench, bench_memory
 from distseq.bench.protocols import ProtocolsBench, bench_protocols
+from distseq.bench.traffic import TrafficBench, bench_traffic
 from distseq.config import Recompute
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -24,6 +25,7 @@ def add_parser(sub: Subparsers) -> None:
     _add_compare(bench_sub)
     _add_data(bench_sub)
     _add_protocols(bench_sub)
+    _add_traffic(bench_sub)
 
 
 def _options(kind: type[T], args: argparse.Namespace) -> T:
@@ -88,3 +90,17 @@ def _add_protocols(sub: Subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="the numbers as JSON")
     p.set_defaults(run=lambda args: bench_protocols(_options(ProtocolsBench, args)))
+
+
+def _add_traffic(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "traffic", help="collective bytes per rank per step at each world size (torchrun here)"
+    )
+    p.add_argument("--backbone", default="resnet18")
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--frames", type=int, default=16, help="T of each rank's sequence")
+    p.add_argument("--chunks", type=int, nargs="+", default=[1, 4], help="chunks per sequence")
+    p.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4, 6], help="ranks per run")
+    p.add_argument("--modes", nargs="+", default=["fsdp", "ddp"], choices=["fsdp", "ddp"])
+    p.add_argument("--json", action="store_true", help="one JSON record per row")
+    p.set_defaults(run=lambda args: bench_traffic(_options(TrafficBench, args)))

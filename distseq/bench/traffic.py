@@ -1,0 +1,192 @@
+"""``distseq bench traffic``: what one training step sends between ranks, at each world size,
+chunk count and parallel mode, against what the parameter count predicts; and the step's time.
+
+Each world size is a real ``torchrun`` group on this host (gloo on CPU, NCCL on GPUs). Every
+rank trains one step to warm up, one timed, then one counted by ``CollectiveCounter`` (the count
+slows the step, so it is not the timed one). Bytes are per rank and per step, as the counter
+measures them: each collective's full buffer (an all-gather's output, a reduce-scatter's input,
+an all-reduce's tensor). ``wire`` is what a ring algorithm moves over one rank's link for those
+buffers, (W-1)/W of an all-gather's or a reduce-scatter's and 2(W-1)/W of an all-reduce's: the
+figure the README's cost model divides by a link's bandwidth.
+
+``predicted`` comes from the parameter count alone. DDP all-reduces every gradient once: 4 P
+bytes in fp32. FSDP2, as ``parallel.parallelize`` wraps the model, gathers the root unit (the
+backbone and the model's own parameters) once per step and the head twice (it is resharded
+after the forward), and reduce-scatters every gradient once; each parameter is padded to a
+multiple of W rows first; alone (W = 1) it sends nothing. What is left over is the loss's and
+the gradient norm's scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from distseq.bench.collectives import CollectiveCounter
+from distseq.bench.memory import bench_model
+from distseq.config import ParallelConfig, ParallelMode, Recompute
+from distseq.data.batch import Batch
+from distseq.errors import TrainingError
+from distseq.parallel import (
+    DistInfo,
+    all_gather_objects,
+    close_distributed,
+    init_distributed,
+    parallelize,
+)
+from distseq.train.step import clip_grad_norm, train_step
+from distseq.units import MIB
+
+_RING = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
+
+
+@dataclass
+class TrafficBench:
+    backbone: str = "resnet18"
+    size: int = 64
+    frames: int = 16
+    chunks: list[int] = field(default_factory=lambda: [1, 4])  # chunks per sequence (T/k)
+    worlds: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
+    modes: list[str] = field(default_factory=lambda: ["fsdp", "ddp"])
+    json: bool = False
+
+
+@dataclass
+class Record:
+    mode: str
+    world: int
+    chunks: int
+    parameters: int
+    counts: dict[str, int]  # collectives per kind
+    bytes: dict[str, int]  # bytes per kind, per rank
+    total_bytes: int
+    predicted_bytes: int  # from the parameter count
+    wire_bytes: float  # over one rank's link, ring algorithms
+    step_seconds: float  # the slowest rank's uncounted step
+
+
+def predicted_bytes(model: nn.Module, mode: str, world: int) -> int:
+    """Bytes per rank per step of the parameter collectives, from the parameter count alone."""
+    if mode == "ddp":
+        return sum(4 * p.numel() for p in model.parameters())
+    if world == 1:
+        return 0  # FSDP2 alone in its group gathers and reduces nothing
+
+    def padded(module: nn.Module, skip: nn.Module | None = None) -> int:
+        skipped = {id(p) for p in skip.parameters()} if skip is not None else set()
+        total = 0
+        for p in module.parameters():
+            if id(p) not in skipped:
+                rows = -(-p.shape[0] // world) * world if p.dim() else 1
+                total += 4 * rows * (p.numel() // max(p.shape[0], 1) if p.dim() else 1)
+        return total
+
+    head = model.get_submodule("head")
+    root, head_bytes = padded(model, skip=head), padded(head)
+    gathered = root + 2 * head_bytes  # the head is resharded after the forward, gathered again
+    return gathered + root + head_bytes  # + every gradient reduce-scattered once
+
+
+def wire_bytes(sizes: dict[str, int], world: int) -> float:
+    return sum(_RING.get(kind, 1.0) * n * (world - 1) / world for kind, n in sizes.items())
+
+
+def _batch(opts: TrafficBench, rank: int, device: torch.device) -> Batch:
+    g = torch.Generator().manual_seed(rank)
+    shape = (1, opts.frames, 3, opts.size, opts.size)
+    frames = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(device)
+    labels = torch.randint(0, 7, (1, opts.frames), generator=g).to(device)
+    return Batch(frames, labels, torch.ones(1, opts.frames, dtype=torch.bool, device=device))
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch, world: int) -> None:
+    opt.zero_grad()
+    train_step(model, opt, [batch], world)
+    clip_grad_norm(model, 1.0)
+    opt.step()
+
+
+def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> Record:
+    """On each rank: one step to warm up, one timed, one counted."""
+    model = bench_model(opts.backbone, Recompute.torch, opts.frames // chunks, info.device)
+    predicted = predicted_bytes(model, mode, info.world)
+    parameters = sum(p.numel() for p in model.parameters())
+    sharded = parallelize(model, ParallelConfig(mode=ParallelMode(mode)), info)
+    opt = torch.optim.AdamW(sharded.parameters())
+    batch = _batch(opts, info.rank, info.device)
+    _step(sharded, opt, batch, info.world)  # warm-up: allocations, the first gathers' buffers
+    start = time.perf_counter()
+    _step(sharded, opt, batch, info.world)
+    seconds = time.perf_counter() - start
+    with CollectiveCounter() as counter:
+        _step(sharded, opt, batch, info.world)
+    slowest = max(all_gather_objects([seconds]))
+    return Record(
+        mode, info.world, chunks, parameters, dict(counter.counts), dict(counter.bytes),
+        sum(counter.bytes.values()), predicted, wire_bytes(counter.bytes, info.world), slowest,
+    )  # fmt: skip
+
+
+def _world(opts: TrafficBench, world: int) -> list[Record]:
+    """One torchrun group of ``world`` ranks on this host; rank 0's records."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc_per_node={world}", "-m", "distseq.bench.traffic", json.dumps(asdict(opts))]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        raise TrainingError(f"bench traffic at world {world}: torchrun failed: {last}")
+    return [Record(**json.loads(line)) for line in lines]
+
+
+def bench_traffic(opts: TrafficBench) -> list[Record]:
+    records: list[Record] = []
+    if not opts.json:
+        print(
+            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, one step per rank "
+            "(MiB per rank; wire: ring algorithms over one rank's link)"
+        )
+        print(
+            f"{'mode':>5} {'world':>5} {'chunks':>6} {'collectives':>11} {'all_gather':>10} "
+            f"{'reduce_sc':>9} {'all_reduce':>10} {'total':>8} {'predicted':>9} "
+            f"{'other B':>7} {'wire':>8} {'step s':>7}"
+        )
+    for world in opts.worlds:
+        for r in _world(opts, world):
+            records.append(r)
+            if opts.json:
+                print(json.dumps(asdict(r)), flush=True)
+                continue
+            mib = {k: r.bytes.get(k, 0) / MIB for k in _RING}
+            print(
+                f"{r.mode:>5} {r.world:>5} {r.chunks:>6} {sum(r.counts.values()):>11} "
+                f"{mib['all_gather']:>10.2f} {mib['reduce_scatter']:>9.2f} "
+                f"{mib['all_reduce']:>10.2f} {r.total_bytes / MIB:>8.2f} "
+                f"{r.predicted_bytes / MIB:>9.2f} {r.total_bytes - r.predicted_bytes:>7} "
+                f"{r.wire_bytes / MIB:>8.2f} {r.step_seconds:>7.3f}",
+                flush=True,
+            )
+    return records
+
+
+def _main() -> None:
+    """A rank of ``_world``'s group: rank 0 prints every record, one JSON line each."""
+    opts = TrafficBench(**json.loads(sys.argv[1]))
+    info = init_distributed()
+    records = [_record(opts, info, mode, chunks) for mode in opts.modes for chunks in opts.chunks]
+    close_distributed()
+    if int(os.environ.get("RANK", "0")) == 0:
+        for r in records:
+            print(json.dumps(asdict(r)), flush=True)
+
+
+if __name__ == "__main__":
+    _main()

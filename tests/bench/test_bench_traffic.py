@@ -1,0 +1,54 @@
+"""``distseq bench traffic``: real torchrun groups of 1 and 2 ranks; the bytes each rank's
+collectives carry in one step, flat in the chunk count and as the parameter count says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_distseq
+from distseq.bench.memory import bench_model
+from distseq.config import Recompute
+
+pytestmark = pytest.mark.integration  # starts torchrun
+
+
+def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_path: Path) -> None:
+    args = ["bench", "traffic", "--json", "--worlds", "1", "2", "--chunks", "1", "2"]
+    proc = run_distseq(*args, "--size", "32", "--frames", "4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    by = {(r["mode"], r["world"], r["chunks"]): r for r in rows}
+    assert sorted(by) == sorted((m, w, c) for m in ("fsdp", "ddp") for w in (1, 2) for c in (1, 2))
+    for mode in ("fsdp", "ddp"):
+        for world in (1, 2):
+            one, two = by[mode, world, 1], by[mode, world, 2]
+            assert one["counts"] == two["counts"] and one["bytes"] == two["bytes"], (one, two)
+
+    model = bench_model("resnet18", Recompute.torch, 4, torch.device("cpu"))
+    head = sum(p.numel() for p in model.head.parameters())
+    root = sum(p.numel() for p in model.parameters()) - head
+    # DDP all-reduces every fp32 gradient once, alone or not; the rest are the loss's scalars.
+    for world in (1, 2):
+        extra = by["ddp", world, 1]["bytes"]["all_reduce"] - 4 * (root + head)
+        assert 0 < extra <= 64, extra
+    # FSDP2 alone gathers and reduces no parameter. At 2 ranks each parameter is padded to an even number of rows:
+    # only the classifier's 7 rows (of 128 weights and a bias) gain one. The backbone's
+    # parameters are gathered once, the head's twice (resharded after the forward); every
+    # gradient is reduce-scattered once.
+    alone = by["fsdp", 1, 1]
+    assert set(alone["bytes"]) == {"all_reduce"} and alone["total_bytes"] <= 64, alone
+    head_padded = head + 128 + 1
+    fsdp = by["fsdp", 2, 1]
+    assert fsdp["bytes"]["all_gather"] == 4 * (root + 2 * head_padded)
+    assert fsdp["bytes"]["reduce_scatter"] == 4 * (root + head_padded)
+    assert fsdp["predicted_bytes"] == 4 * (2 * root + 3 * head_padded)
+    assert 0 < fsdp["total_bytes"] - fsdp["predicted_bytes"] <= 512  # loss and norm scalars
+    # Over one rank's link (ring) at 2 ranks: half of each gathered or scattered buffer, and
+    # each all-reduced one whole (half out reduced, half back gathered).
+    sizes = fsdp["bytes"]
+    half = (sizes["all_gather"] + sizes["reduce_scatter"]) / 2
+    assert fsdp["wire_bytes"] == half + sizes.get("all_reduce", 0)
