@@ -285,6 +285,7 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     run.position = Position(step, run.position.batches + len(batches), run.position.seed)
     metrics = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}
     metrics["frames_per_s"] = real_frames / seconds
+    metrics["step_seconds"] = seconds
     # Above about 0.1 the loader, not the model, sets the pace: add data.num_workers.
     metrics["data_wait_fraction"] = (start - asked) / (start - asked + seconds)
     run.metrics = metrics

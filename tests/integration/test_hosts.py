@@ -4,6 +4,7 @@ the README says, gives the parameters of the same ranks on one host."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -284,3 +285,40 @@ def test_a_killed_agent_leaves_no_orphan_and_the_group_re_forms_bit_exact(
     a, b = parameters(tmp_path / "hosts"), parameters(one)
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
+
+DELAY_MS = 20
+
+
+def _step_seconds(out: Path) -> float:
+    """The median step time of a run after its first step, from its metrics log."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    times = sorted(r["step_seconds"] for r in map(json.loads, lines[1:]) if "step_seconds" in r)
+    return times[len(times) // 2]
+
+
+def test_a_slow_link_adds_at_least_its_delay_to_every_collective(
+    bed: None, tmp_path: Path, shards: Path
+) -> None:
+    # netem delays what host 2 sends; where the kernel has no netem (gVisor, some containers),
+    # there is nothing to measure.
+    netem = ["ip", "netns", "exec", "ds-h2", "tc", "qdisc"]
+    added = subprocess.run(
+        [*netem, "add", "dev", "eth0", "root", "netem", "delay", f"{DELAY_MS}ms"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if added.returncode != 0:
+        pytest.skip(f"no netem delay on this kernel: tc says {added.stderr.strip()!r}")
+    config = str(tiny_config(tmp_path, shards))
+    run = ["train", config, "train.steps=6", "parallel.mode=ddp"]
+    try:
+        slow = on_hosts(2, 1, tmp_path, *run, f"train.out_dir={tmp_path / 'slow'}")
+    finally:
+        subprocess.run([*netem, "del", "dev", "eth0", "root"], check=True)
+    fast = on_hosts(2, 1, tmp_path, *run, f"train.out_dir={tmp_path / 'fast'}")
+    for proc in (*slow, *fast):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    # Each collective waits at least once for a message from host 2, so a step is slower by at
+    # least the delay times its collectives (6 for DDP here: `distseq bench traffic`).
+    extra = _step_seconds(tmp_path / "slow") - _step_seconds(tmp_path / "fast")
+    print(f"step time: +{extra * 1000:.0f} ms with {DELAY_MS} ms of delay on host 2's link")
+    assert extra >= 6 * DELAY_MS / 1000, extra

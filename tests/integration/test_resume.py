@@ -38,7 +38,7 @@ from distseq.model.video import build_model
 # resume needs the RNG states and the data position, not only the weights.
 BASE = ["train.steps=4", "train.save_every=2", "model.head.dropout=0.3", "data.num_workers=1"]
 STEPS = 4
-TIMINGS = {"frames_per_s", "data_wait_fraction"}  # the records that differ between two runs
+TIMINGS = {"frames_per_s", "step_seconds", "data_wait_fraction"}  # differ between two runs
 
 
 def launch(
