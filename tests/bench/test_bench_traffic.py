@@ -35,10 +35,10 @@ def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_pa
     for world in (1, 2):
         extra = by["ddp", world, 1]["bytes"]["all_reduce"] - 4 * (root + head)
         assert 0 < extra <= 64, extra
-    # FSDP2 alone gathers and reduces no parameter. At 2 ranks each parameter is padded to an even number of rows:
-    # only the classifier's 7 rows (of 128 weights and a bias) gain one. The backbone's
-    # parameters are gathered once, the head's twice (resharded after the forward); every
-    # gradient is reduce-scattered once.
+    # FSDP2 alone gathers and reduces no parameter. At 2 ranks each parameter is padded to an
+    # even number of rows: only the classifier's 7 rows (of 128 weights and a bias) gain one.
+    # The backbone's parameters are gathered once, the head's twice (resharded after the
+    # forward); every gradient is reduce-scattered once.
     alone = by["fsdp", 1, 1]
     assert set(alone["bytes"]) == {"all_reduce"} and alone["total_bytes"] <= 64, alone
     head_padded = head + 128 + 1

@@ -322,3 +322,20 @@ def test_a_slow_link_adds_at_least_its_delay_to_every_collective(
     extra = _step_seconds(tmp_path / "slow") - _step_seconds(tmp_path / "fast")
     print(f"step time: +{extra * 1000:.0f} ms with {DELAY_MS} ms of delay on host 2's link")
     assert extra >= 6 * DELAY_MS / 1000, extra
+
+
+def test_the_stores_host_gone_at_start_fails_within_the_rendezvous_timeout(
+    bed: None, tmp_path: Path, shards: Path
+) -> None:
+    # Host 2 is told the store is on host 1, where nothing runs: torchrun's agent gives up
+    # after its read timeout (default 60 s, 97 s in all on the bed), not never.
+    config = str(tiny_config(tmp_path, shards))
+    start = time.monotonic()
+    timeout = ("--rdzv_conf=read_timeout=15",)
+    (agent,) = start_on_hosts([2], 2, 1, tmp_path, "train", config, launcher=timeout)
+    (result,) = finish([agent], timeout=120)
+    seconds = time.monotonic() - start
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "RendezvousConnectionError" in result.stderr, result.stderr[-2000:]
+    assert "while trying to connect to (ds-h1, " in result.stderr, result.stderr[-2000:]
+    assert seconds < 90, seconds  # two tries of 15 s and a back-off: 40 s on the bed
