@@ -2,12 +2,13 @@
 chunk count and parallel mode, against what the parameter count predicts; and the step's time.
 
 Each world size is a real ``torchrun`` group on this host (gloo on CPU, NCCL on GPUs). Every
-rank trains one step to warm up, one timed, then one counted by ``CollectiveCounter`` (the count
-slows the step, so it is not the timed one). Bytes are per rank and per step, as the counter
-measures them: each collective's full buffer (an all-gather's output, a reduce-scatter's input,
-an all-reduce's tensor). ``wire`` is what a ring algorithm moves over one rank's link for those
-buffers, (W-1)/W of an all-gather's or a reduce-scatter's and 2(W-1)/W of an all-reduce's: the
-figure the README's cost model divides by a link's bandwidth.
+rank trains one step to warm up, three timed (the median is kept, the slowest rank's reported),
+then one counted by ``CollectiveCounter`` (the count slows the step, so it is not a timed one).
+Bytes are per rank and per step, as the counter measures them: each collective's full buffer
+(an all-gather's output, a reduce-scatter's input, an all-reduce's tensor). ``wire`` is what a
+ring algorithm moves over one rank's link for those buffers, (W-1)/W of an all-gather's or a
+reduce-scatter's and 2(W-1)/W of an all-reduce's: the figure the README's cost model divides by
+a link's bandwidth.
 
 ``predicted`` comes from the parameter count alone. DDP all-reduces every gradient once: 4 P
 bytes in fp32. FSDP2, as ``parallel.parallelize`` wraps the model, gathers the root unit (the
@@ -69,7 +70,7 @@ class Record:
     total_bytes: int
     predicted_bytes: int  # from the parameter count
     wire_bytes: float  # over one rank's link, ring algorithms
-    step_seconds: float  # the slowest rank's uncounted step
+    step_seconds: float  # the slowest rank's median of three uncounted steps
 
 
 def predicted_bytes(model: nn.Module, mode: str, world: int) -> int:
@@ -122,9 +123,12 @@ def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> Recor
     opt = torch.optim.AdamW(sharded.parameters())
     batch = _batch(opts, info.rank, info.device)
     _step(sharded, opt, batch, info.world)  # warm-up: allocations, the first gathers' buffers
-    start = time.perf_counter()
-    _step(sharded, opt, batch, info.world)
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        _step(sharded, opt, batch, info.world)
+        times.append(time.perf_counter() - start)
+    seconds = sorted(times)[1]  # the median of three
     with CollectiveCounter() as counter:
         _step(sharded, opt, batch, info.world)
     slowest = max(all_gather_objects([seconds]))
@@ -151,7 +155,7 @@ def bench_traffic(opts: TrafficBench) -> list[Record]:
     records: list[Record] = []
     if not opts.json:
         print(
-            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, one step per rank "
+            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, T frames per rank "
             "(MiB per rank; wire: ring algorithms over one rank's link)"
         )
         print(
