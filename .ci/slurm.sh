@@ -335,6 +335,12 @@ cluster_registered() { [[ $(sacctmgr -n -P list cluster format=cluster 2>/dev/nu
 
 node_state() { sinfo -h -N -n "${1:-$NODE}" -o '%T' 2>/dev/null | head -n 1 || true; }
 
+# Whether process $1 runs in the network namespace of the bed's host $2 as it is now. A bed
+# made again (hosts.sh up) leaves an earlier slurmd running in a namespace with no network.
+on_host() {
+    [[ $(readlink "/proc/$1/ns/net") == "net:[$(stat -L -c %i "/run/netns/$2" 2>/dev/null)]" ]]
+}
+
 any_bed_slurmd() {
     local node
     for node in "${BED[@]}"; do slurmd_pid "$node" && return 0; done
@@ -428,8 +434,13 @@ cmd_up() {
         log "starting slurmd -N $NODE"
         slurmd -N "$NODE" >>"$DIR/log/start.log" 2>&1 || fail "slurmd failed to start"
     fi
+    local pid
     for node in "${BED[@]}"; do
-        slurmd_pid "$node" >/dev/null && continue
+        if pid=$(slurmd_pid "$node"); then
+            on_host "$pid" "$node" && continue
+            log "slurmd $node runs outside host $node (the bed was made again): restarting it"
+            stop_pid "slurmd $node" "$pid"
+        fi
         log "starting slurmd -N $node on host $node"
         "$HERE/hosts.sh" run "${node#ds-h}" slurmd -N "$node" >>"$DIR/log/start.log" 2>&1 ||
             fail "slurmd on $node failed to start"
