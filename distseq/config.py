@@ -187,6 +187,10 @@ class HeadConfig:
 class ModelConfig:
     backbone: BackboneConfig = field(default_factory=BackboneConfig)  # the per-frame CNN
     head: HeadConfig = field(default_factory=HeadConfig)  # the temporal head and classifier
+    # torch.compile the backbone (memory.ChunkedModel.compile_backbone) with this backend;
+    # aot_eager traces without generating code, to check that a model compiles.
+    compile: bool = False
+    compile_backend: str = "inductor"
 
 
 @dataclass

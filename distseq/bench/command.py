@@ -61,6 +61,9 @@ def _add_compare(sub: Subparsers) -> None:
     p.add_argument(
         "--plan-chunk", type=int, default=32, help="the planner rows' memory.chunk_frames"
     )
+    p.add_argument(
+        "--compile", default="", help="also plain and chunked compiled by this backend (inductor)"
+    )
     p.add_argument("--out", default="runs/bench-compare", help="for compare.md, .json and .png")
     p.add_argument("--json", action="store_true", help="one JSON record per row")
     p.set_defaults(run=lambda args: bench_compare(_options(CompareBench, args)))

@@ -12,7 +12,9 @@ Rows, per T:
 - ``chunked``: distseq at a fixed chunk, every chunk recomputed;
 - ``planner``: distseq under ``memory.budget`` at 25%, 50% and 75% of plain's peak and at
   tbptt64's;
-- ``planner_offload``: the planner at 50% with ``memory.offload=frames``.
+- ``planner_offload``: the planner at 50% with ``memory.offload=frames``;
+- with ``--compile BACKEND``: ``plain_compiled`` and ``chunked_compiled``, those two rows with
+  the backbone compiled (``model.compile``), after a step that compiles it.
 
 Peaks and budgets are a step's, as ``bench memory`` measures them: the tensor memory a step
 allocates above what exists before it (the parameters, their AdamW state, the frames; the plan
@@ -89,9 +91,13 @@ class Case:
     chunk: int
     plan_chunk: int  # memory.chunk_frames of the planner rows
     device: torch.device
+    compile: str = ""  # a torch.compile backend: the compiled rows too
 
-    def model(self, recompute: Recompute, chunk: int) -> ChunkedModel:
-        return bench_model(self.backbone, recompute, chunk, self.device)
+    def model(self, recompute: Recompute, chunk: int, compiled: bool = False) -> ChunkedModel:
+        model = bench_model(self.backbone, recompute, chunk, self.device)
+        if compiled:
+            model.compile_backbone(self.compile)
+        return model
 
     def batch(self) -> Batch:
         return random_sequence(self.frames, self.size, self.device)
@@ -187,6 +193,13 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     on_host = probe(chunked, chunked, replace(shape, frames_on_host=True), case.plan_chunk)
     half = before - batch[0].numel() + int(SHARES[1] * plain_peak)
     rows.append(planned("planner_offload", Plan(on_host, half, stages), (frames, *batch[1:])))
+    if case.compile:  # measure() compiles in its exactness step, before the timed ones
+        rows.append(
+            measure(case.model(Recompute.none, case.frames, True), _whole, "plain_compiled")
+        )
+        rows.append(
+            measure(case.model(Recompute.torch, case.chunk, True), _whole, "chunked_compiled")
+        )
     for row in rows:
         if row.peak_bytes is None or row.step_seconds is None:
             continue
@@ -249,6 +262,11 @@ def targets(rows: list[Row]) -> list[str]:
             ratio = tbptt.step_seconds / at["tbptt64"].step_seconds
             out.append(f"T={frames} at tbptt64's peak: exact {ratio:.2f}x tbptt64's time")
         chunked = at["chunked"]
+        for name in ("plain", "chunked"):
+            fast, slow = at.get(f"{name}_compiled"), at[name]
+            if fast is not None and fast.step_seconds and slow.step_seconds:
+                speed = slow.step_seconds / fast.step_seconds
+                out.append(f"T={frames} {name} compiled: {speed:.2f}x the speed of {name}")
         if chunked.peak_bytes and chunked.floor_bytes and chunked.gradient_bytes is not None:
             ratio = (chunked.peak_bytes - chunked.gradient_bytes) / chunked.floor_bytes
             out.append(
@@ -305,6 +323,7 @@ class CompareBench:
     plan_chunk: int
     out: str
     json: bool
+    compile: str
 
 
 def bench_compare(args: CompareBench) -> list[Row]:
@@ -314,9 +333,11 @@ def bench_compare(args: CompareBench) -> list[Row]:
     rows: list[Row] = []
     probes: dict[int, tuple[Probe, int]] = {}
     for frames in args.frames:
-        case = Case(args.backbone, args.size, frames, args.chunk, args.plan_chunk, device)
+        case = Case(
+            args.backbone, args.size, frames, args.chunk, args.plan_chunk, device, args.compile
+        )
         if not args.json:
-            print(f"T={frames}: measuring 9 rows ...", flush=True)
+            print(f"T={frames}: measuring {11 if args.compile else 9} rows ...", flush=True)
         got, measured, before = compare(case)
         probes[frames] = measured, before
         rows += got

@@ -36,6 +36,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from distseq.config import Recompute
+from distseq.errors import ConfigError
 from distseq.memory.prefetch import FramePrefetch, to_device
 from distseq.model.head import TemporalHead
 from distseq.model.norms import batchnorms
@@ -158,12 +159,34 @@ class ChunkedModel(VideoModel):
         self._bns = batchnorms(backbone)
         if recompute is Recompute.fairscale:
             _fairscale_bn_hooks(backbone)
+        self.compiled = False  # compile_backbone
+
+    def compile_backbone(self, backend: str) -> None:
+        """Compile the backbone in place with ``torch.compile`` (model.compile); its parameters
+        keep their names. Its input's frame count is dynamic from the first call (marked in
+        ``frame_features``): chunks of other sizes (a sequence's last, padding) would otherwise
+        compile a second graph, and a recompute could then pick another graph than its forward
+        ran (pytorch#166926). More compilations than dynamo's limit fail rather than fall back
+        to eager unseen. Stages cannot be held then: their saved-tensor hooks do not reach into
+        a compiled graph (tried: the recompute's tensors differ from the forward's)."""
+        if self.stages:
+            raise ValueError("model.compile cannot hold stages (memory.plan): whole chunks only")
+        if backend not in torch._dynamo.list_backends(exclude_tags=()):
+            raise ConfigError(
+                f"config key model.compile_backend: {backend!r} is not a torch.compile backend "
+                "(e.g. inductor, aot_eager, eager, cudagraphs)"
+            )
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        self.backbone.compile(backend=backend)
+        self.compiled = True
 
     def hold_stages(self, starts: list[str]) -> None:
         """Let chunks hold their late stages: stage i (from 1) begins at ``starts[i - 1]``, the
         names of backbone modules in forward order (memory.stages.stage_starts)."""
         if self.recompute is not Recompute.torch and starts:
             raise ValueError("holding stages needs memory.recompute=torch (its early stop)")
+        if self.compiled and starts:
+            raise ValueError("a compiled backbone (model.compile) cannot hold stages")
         for hook in self._stage_hooks:
             hook.remove()
         self._stage_hooks = [
@@ -264,6 +287,11 @@ class ChunkedModel(VideoModel):
             else:
                 feats.append(mask.new_zeros((*chunk[1].shape, self.feature_dim), dtype=dtype))
         return torch.cat(feats, dim=1)
+
+
+def compiled_graphs() -> int:
+    """The graphs torch.compile has made in this process so far (model.compile logs them)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def _keep(t: torch.Tensor) -> torch.Tensor:

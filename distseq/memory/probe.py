@@ -75,6 +75,9 @@ def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -
     end = len(chunked.stages) + 1
 
     def mark(stage: int) -> Callable[..., None]:
+        # Run as it is, outside a compiled backbone's graph (model.compile): traced, the list
+        # it appends to would be a guard that fails on every call, one recompile each.
+        @torch._dynamo.disable  # type: ignore[untyped-decorator, unused-ignore]
         def hook(*args: object) -> None:
             synchronize(x.device)
             marks.append((stage, time.perf_counter()))
@@ -158,9 +161,10 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
         return measure_step(model, x, mask, labels, timings)
 
     with _left_as_it_was(model, chunked, device):
-        # Holding stages takes non-reentrant checkpoint's early stop, which fairscale has not.
-        torch_backend = chunked.recompute is Recompute.torch
-        starts = stage_starts(model, chunked.backbone, size, device) if torch_backend else []
+        # Holding stages takes non-reentrant checkpoint's early stop, which fairscale has not,
+        # and hooks that a compiled backbone does not run (ChunkedModel.compile_backbone).
+        stages = chunked.recompute is Recompute.torch and not chunked.compiled
+        starts = stage_starts(model, chunked.backbone, size, device) if stages else []
         chunked.hold_stages(starts)
         k = chunked.chunk_frames = chunk
         short, long = 2 * k, 4 * k

@@ -169,8 +169,13 @@ def frame_features(
     dtype = next(cnn.parameters()).dtype
     if not bool(mask.any()):
         return frames.new_zeros((*mask.shape, feature_dim), dtype=dtype)
-    x = (frames[mask].float().div_(255.0) - mean) / std
-    feats = cnn(x.to(dtype))
+    x = ((frames[mask].float().div_(255.0) - mean) / std).to(dtype)
+    # How many frames a call gets varies (a sequence's last chunk, padding): a compiled CNN
+    # (model.compile) takes their number as a dynamic size from its first call rather than after
+    # a second graph, and keeps its parameters' shapes static (marked dynamic too, FSDP2's
+    # gathered views took sympy minutes to trace). A mark on a tensor; nothing in eager mode.
+    torch._dynamo.maybe_mark_dynamic(x, 0)
+    feats = cnn(x)
     out = feats.new_zeros((*mask.shape, feats.shape[-1]))
     out[mask] = feats
     return out

@@ -36,6 +36,7 @@ from distseq.errors import TrainingError, first_line
 from distseq.evaluate.validate import validate, validation_scores
 from distseq.files import write_atomic
 from distseq.memory.budget import plan_for_budget
+from distseq.memory.chunked import compiled_graphs
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.head import Carry
 from distseq.model.video import build_model
@@ -179,6 +180,8 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     elif cfg.train.init_from:
         say(f"train.init_from not loaded: resuming from {latest}")
     chunked = apply_memory_policy(plain, cfg.memory)
+    if cfg.model.compile:  # before planning: the plan measures the compiled backbone
+        chunked.compile_backbone(cfg.model.compile_backend)
     model = parallelize(chunked, cfg.parallel, info)
     if cfg.memory.budget:
         classes = manifest.num_classes
@@ -296,6 +299,8 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     if step % cfg.train.log_every == 0 or step == cfg.train.steps:
         count = torch.tensor([float(len(run.skipped))], device=info.device)
         metrics["skipped_samples"] = int(all_reduce_sum(count).item())  # all ranks, legs
+        if cfg.model.compile:  # bounded: past dynamo's recompile limit the run fails
+            metrics["compiled_graphs"] = compiled_graphs()
         if info.device.type == "cuda":  # the peak since the last record, this rank
             metrics["peak_memory_bytes"] = torch.cuda.max_memory_allocated(info.device)
             torch.cuda.reset_peak_memory_stats(info.device)

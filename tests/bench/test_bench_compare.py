@@ -65,3 +65,20 @@ def test_every_row_and_column(
         torch.frombuffer(bytearray((tmp_path / "compare.png").read_bytes()), dtype=torch.uint8)
     )
     assert image.shape[1:] == (450, 600) and image[:3].float().std() > 15  # drawn
+
+
+def test_compiled_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # aot_eager: traced and partitioned as inductor would, no code generated (fast); ResNet has
+    # no dropout, whose draws inductor makes its own way.
+    argv = ["bench", "compare", "--backbone", "resnet18", "--size", "32", "--frames", "16"]
+    argv += ["--chunk", "4", "--plan-chunk", "4", "--compile", "aot_eager"]
+    assert main([*argv, "--json", "--out", str(tmp_path)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["approach"] for r in rows] == [*APPROACHES, "plain_compiled", "chunked_compiled"]
+    by = {r["approach"]: r for r in rows}
+    for name in ("plain", "chunked"):
+        compiled = by[f"{name}_compiled"]
+        assert compiled["exact"] is True and compiled["step_seconds"] > 0, compiled
+        assert compiled["peak_bytes"] > 0 and compiled["plain_ratio"] > 0
+    text = (tmp_path / "compare.md").read_text()
+    assert "T=16 plain compiled: " in text and "T=16 chunked compiled: " in text, text
