@@ -185,8 +185,11 @@ class ChunkedModel(VideoModel):
         names of backbone modules in forward order (memory.stages.stage_starts)."""
         if self.recompute is not Recompute.torch and starts:
             raise ValueError("holding stages needs memory.recompute=torch (its early stop)")
-        if self.compiled and starts:
-            raise ValueError("a compiled backbone (model.compile) cannot hold stages")
+        if self.compiled and starts:  # e.g. a run planned without model.compile, resumed with it
+            raise ConfigError(
+                "config key model.compile: a compiled backbone cannot hold stages, as this run's "
+                "memory plan (plan.json) asks; leave model.compile as the run began"
+            )
         for hook in self._stage_hooks:
             hook.remove()
         self._stage_hooks = [
