@@ -58,7 +58,9 @@ def test_graphs_are_compiled_once_whatever_the_sequence_length() -> None:
     for t, lengths in [(11, [11, 6]), (6, [6, 2]), (9, [9])]:
         model.zero_grad()
         step(model, random_batch(len(lengths), t, lengths=lengths))
-    assert 1 <= first <= 2, first  # with a graph for chunks of one frame, if it comes first
+    # Chunks of 8, 8, 5 and 1 frames: one graph for every size above one, one for a single
+    # frame (dynamo specialises a dimension of 1).
+    assert first == 2, first
     assert compiled_graphs() - before <= 3, compiled_graphs() - before
 
 
