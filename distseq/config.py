@@ -7,6 +7,7 @@ is refused where it is loaded: before ``distseq submit`` queues a job, not on th
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -106,7 +107,9 @@ class DataConfig:
     train: str = ""  # shard URLs, brace patterns allowed: shards/train-{000000..000009}.tar
     val: str = ""  # empty: no validation
     manifest: str = ""  # index.json; empty: next to the first train shard
-    window: int = 64  # T, frames per training window; longer sequences get a random window
+    # T, frames per training window; longer sequences get a random window. 0: whole videos, one
+    # sequence each (data.features only: a frame window is what the memory plan sizes).
+    window: int = 64
     size: int = 64  # frames are resized to size x size
     batch_size: int = 2  # sequences per rank per micro-step
     num_workers: int = 1  # loader processes per rank; 0: load in the training process
@@ -120,9 +123,17 @@ class DataConfig:
     # worker in order; the RNN state is carried (detached) from one window to the next.
     ordered: bool = False
     augment: AugmentConfig = field(default_factory=AugmentConfig)  # train-time, per sequence
+    # The shards hold per-frame features (distseq features' shards), not frames: the backbone is
+    # not built, and model.backbone names the one that made them (its feature size must match).
+    features: bool = False
 
     def __post_init__(self) -> None:
-        _check(self.window >= 1, "data.window", self.window, "must be >= 1")
+        _check(
+            self.window >= 1 or (self.window == 0 and self.features),
+            "data.window",
+            self.window,
+            "must be >= 1 (0, whole videos, needs data.features=true)",
+        )
         _check(self.size >= 16, "data.size", self.size, "must be >= 16")
         _check(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
@@ -142,6 +153,12 @@ class DataConfig:
             "data.length_buckets",
             self.length_buckets,
             "must be 0 with data.ordered=true: a lane of windows cannot wait for a bucket",
+        )
+        _check(
+            not (self.ordered and not self.window),
+            "data.ordered",
+            self.ordered,
+            "cuts videos into windows: it needs data.window >= 1",
         )
         _check(
             not (self.train and is_remote(self.train) and not self.manifest),
@@ -277,6 +294,8 @@ class TrainConfig:
     max_requeues: int = 10
     # A new run's first parameters: run directories, checkpoints or exported model.pt files,
     # loaded by key in order before the first step (never over a resume); train/warm_start.py.
+    # SOURCE:PREFIXES takes only the keys under those (comma-separated) prefixes, e.g.
+    # runs/frames:backbone.
     init_from: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -287,8 +306,20 @@ class TrainConfig:
         _check(self.keep_last >= 1, "train.keep_last", self.keep_last, "must be >= 1")
         _check(self.stop_after >= 0, "train.stop_after", self.stop_after, "must be >= 0")
         _check(self.max_requeues >= 0, "train.max_requeues", self.max_requeues, "must be >= 0")
-        for source in self.init_from:
+        for entry in self.init_from:
+            source, _ = init_source(entry)
             _check(Path(source).exists(), "train.init_from", source, "does not exist")
+
+
+_KEY_PREFIXES = re.compile(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*")
+
+
+def init_source(entry: str) -> tuple[str, list[str]]:
+    """A ``train.init_from`` entry's source and the key prefixes it is limited to (none: all)."""
+    source, colon, prefixes = entry.rpartition(":")
+    if colon and source and _KEY_PREFIXES.fullmatch(prefixes):
+        return source, prefixes.split(",")
+    return entry, []
 
 
 @dataclass
@@ -301,6 +332,16 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)  # the run: steps, logs, checkpoints
 
     def __post_init__(self) -> None:
+        if self.data.features:  # no backbone: nothing of it to plan, keep, offload or compile
+            memory = self.memory
+            for key, value, unset in (
+                ("memory.budget", memory.budget, ""),
+                ("memory.keep_frames", memory.keep_frames, 0),
+                ("memory.offload", memory.offload.value, Offload.none.value),
+                ("memory.tbptt_frames", memory.tbptt_frames, 0),
+                ("model.compile", self.model.compile, False),
+            ):
+                _check(value == unset, key, value, "does not apply with data.features=true")
         causal = not self.model.head.bidirectional
         _check(
             causal or not self.data.ordered,
@@ -325,6 +366,11 @@ def _absolute(urls: str) -> str:
     )
 
 
+def _absolute_source(entry: str) -> str:
+    source, prefixes = init_source(entry)
+    return os.path.abspath(source) + (":" + ",".join(prefixes) if prefixes else "")
+
+
 def with_absolute_paths(cfg: Config) -> Config:
     """``cfg`` with the local paths a run reads and writes made absolute (data.train, data.val,
     data.manifest, train.out_dir, train.init_from, and model.backbone.weights where it is a
@@ -344,7 +390,7 @@ def with_absolute_paths(cfg: Config) -> Config:
     train = replace(
         cfg.train,
         out_dir=os.path.abspath(cfg.train.out_dir),
-        init_from=[os.path.abspath(source) for source in cfg.train.init_from],
+        init_from=[_absolute_source(entry) for entry in cfg.train.init_from],
     )
     return replace(cfg, data=data, train=train)
 

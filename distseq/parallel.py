@@ -30,7 +30,7 @@ from tqdm import tqdm
 from distseq.config import ParallelConfig, ParallelMode, Precision
 from distseq.errors import ConfigError
 from distseq.model.norms import batchnorms
-from distseq.model.video import VideoModel
+from distseq.model.video import FeatureModel, VideoModel
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def _param_dtype(cfg: ParallelConfig, device: torch.device) -> torch.dtype | Non
     return None
 
 
-def parallelize(model: VideoModel, cfg: ParallelConfig, info: DistInfo) -> nn.Module:
+def parallelize(model: VideoModel | FeatureModel, cfg: ParallelConfig, info: DistInfo) -> nn.Module:
     """``model`` on this rank's device, sharded or replicated across the group as ``cfg`` says.
 
     Parameter names stay those of ``model``: FSDP2 and DDP both keep them in ``state_dict``.

@@ -27,14 +27,17 @@ from distseq.checkpoint.sharded import (
     unreadable,
 )
 from distseq.config import Config, from_dict, to_dict
-from distseq.errors import TrainingError
-from distseq.model.video import VideoModel, build_model
+from distseq.errors import ConfigError, TrainingError
+from distseq.model.video import FeatureModel, VideoModel, build_feature_model, build_model
 
 
-def empty_model(cfg: Config, classes: list[str]) -> VideoModel:
-    """The trained structure with freshly initialised tensors, to load weights into."""
+def empty_model(cfg: Config, classes: list[str]) -> VideoModel | FeatureModel:
+    """The trained structure with freshly initialised tensors, to load weights into: the head
+    alone for a model trained on features (data.features)."""
     # The weights file only initialises the backbone, and may be long gone.
     model_cfg = replace(cfg.model, backbone=replace(cfg.model.backbone, weights=""))
+    if cfg.data.features:
+        return build_feature_model(model_cfg, len(classes))
     return build_model(model_cfg, len(classes))
 
 
@@ -42,10 +45,19 @@ def empty_model(cfg: Config, classes: list[str]) -> VideoModel:
 class Loaded:
     """A trained model in eval mode, with what it was trained with."""
 
-    model: VideoModel
+    model: VideoModel | FeatureModel
     config: Config
     classes: list[str]
     step: int
+
+    def over_frames(self) -> VideoModel:
+        """The model, which must run over frames: one trained on features has no backbone."""
+        if not isinstance(self.model, VideoModel):
+            raise ConfigError(
+                "this model was trained on features (data.features): it has no backbone to run "
+                "over frames; score it on feature shards with distseq eval"
+            )
+        return self.model
 
 
 def load_checkpoint_model(source: Path) -> Loaded:

@@ -1,4 +1,5 @@
-"""Batches of whole or windowed sequences: uint8 frames, labels, a mask; padded to the longest."""
+"""Batches of whole or windowed sequences: uint8 frames (or a feature shard's features), labels,
+a mask; padded to the longest."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def _unset_starts() -> torch.Tensor:
 
 @dataclass
 class Batch:
-    frames: torch.Tensor  # uint8 [B, T, 3, H, W], stored channels last; normalised per chunk
+    # uint8 [B, T, 3, H, W], stored channels last, normalised per chunk; with data.features,
+    # float16 features [B, T, F]: what the model takes, either way.
+    frames: torch.Tensor
     labels: torch.Tensor  # int64 [B, T]; IGNORE_INDEX where padded
     mask: torch.Tensor  # bool [B, T]; True on real frames
     keys: list[str] = field(default_factory=list)  # sample keys; "" for padding rows
@@ -61,17 +64,25 @@ class Batch:
         return self._map(torch.Tensor.pin_memory)
 
 
-# key, frames ([T, 3, S, S] or T of [3, S, S]), labels, starts a video
+# key, frames ([T, 3, S, S] or T of [3, S, S]; features [T, F]), labels, starts a video
 Row = tuple[str, torch.Tensor | list[torch.Tensor], list[int], bool]
 
 
-def collate(rows: list[Row], size: int, skipped: list[str], worker: int) -> Batch:
+def collate(
+    rows: list[Row], size: int, skipped: list[str], worker: int, features: int | None = None
+) -> Batch:
     """Pad to the longest sequence in the batch; padding is masked out and ignored by the loss.
-    With no rows, a batch that only carries skipped ids home from a worker; never yielded."""
+    With no rows, a batch that only carries skipped ids home from a worker; never yielded.
+    ``features``: the rows hold features of that size, not frames of ``size``."""
     length = max((len(y) for _, _, y, _ in rows), default=1)
-    # Channels last like the decoded frames; in a worker, in a shared-memory segment it reuses.
-    hwc, segment = sharedmem.uint8_buffer((len(rows), length, size, size, 3))
-    frames = hwc.permute(0, 1, 4, 2, 3)
+    segment = (-1, -1)
+    if features is not None:  # small (2 bytes a feature): no shared-memory segment
+        frames = torch.empty((len(rows), length, features), dtype=torch.float16)
+    else:
+        # Channels last like the decoded frames; in a worker, in a shared-memory segment it
+        # reuses.
+        hwc, segment = sharedmem.uint8_buffer((len(rows), length, size, size, 3))
+        frames = hwc.permute(0, 1, 4, 2, 3)
     labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.int64)
     mask = torch.zeros((len(rows), length), dtype=torch.bool)
     for b, (_, x, y, _) in enumerate(rows):
@@ -89,10 +100,16 @@ def collate(rows: list[Row], size: int, skipped: list[str], worker: int) -> Batc
     return Batch(frames, labels, mask, keys, skipped, starts, worker, segment)
 
 
-def empty_batch(size: int) -> Batch:
-    """One fully masked frame: keeps a rank in lockstep with ranks that still have data."""
+def empty_batch(size: int, features: int | None = None) -> Batch:
+    """One fully masked frame (of ``features``, if given): keeps a rank in lockstep with ranks
+    that still have data."""
+    frames = (
+        torch.zeros((1, 1, 3, size, size), dtype=torch.uint8)
+        if features is None
+        else torch.zeros((1, 1, features), dtype=torch.float16)
+    )
     return Batch(
-        torch.zeros((1, 1, 3, size, size), dtype=torch.uint8),
+        frames,
         torch.full((1, 1), IGNORE_INDEX, dtype=torch.int64),
         torch.zeros((1, 1), dtype=torch.bool),
         [""],

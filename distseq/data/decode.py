@@ -11,12 +11,13 @@ import json
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2.functional import resize
 
-from distseq.data.format import FRAME_MEMBER_RE, LABELS_MEMBER
+from distseq.data.format import FEATURES_MEMBER, FRAME_MEMBER_RE, LABELS_MEMBER
 from distseq.data.tar import Sample
 from distseq.errors import DataError, first_line
 
@@ -25,25 +26,30 @@ UNLABELLED = -1  # in labels.json: a frame that the loss and the metrics leave o
 
 @dataclass
 class Video:
-    """A valid sample, every ``frame_stride``-th frame of it."""
+    """A valid sample, every ``frame_stride``-th frame of it: its JPEGs, or a feature shard's
+    features."""
 
     key: str
     id: str
     where: str
-    jpegs: list[tuple[int, bytes]]  # (stored frame number, JPEG)
+    jpegs: list[tuple[int, bytes]]  # (stored frame number, JPEG); none in a feature shard
     labels: list[int]
+    features: torch.Tensor | None = None  # a feature shard's: float16 [T, F]
 
 
-def check_sample(sample: Sample, num_classes: int, stride: int) -> Video:
-    """Validate a sample (cheap: nothing is decoded) and keep every ``stride``-th frame."""
+def check_sample(
+    sample: Sample, num_classes: int, stride: int, features: int | None = None
+) -> Video:
+    """Validate a sample (cheap: nothing is decoded) and keep every ``stride``-th frame; with
+    ``features`` (a feature shard's feature size), read its features."""
     if sample.cut:
         raise DataError(sample.cut)
+    if features is not None:
+        return _check_features(sample, num_classes, stride, features)
     key, where = sample.key, sample.where
     jpegs: dict[int, bytes] = {}
-    labels_json = None
     for name, value in sample.members.items():
         if name == LABELS_MEMBER:
-            labels_json = value
             continue
         match = FRAME_MEMBER_RE.fullmatch(name)
         if match is None:
@@ -51,24 +57,59 @@ def check_sample(sample: Sample, num_classes: int, stride: int) -> Video:
                 f"{where}: member {key}.{name} is not allowed (only NNNNNN.jpg and labels.json)"
             )
         jpegs[int(match[1])] = value
-    if labels_json is None:
-        raise DataError(f"{where}: missing member {key}.labels.json")
     n = len(jpegs)
     if n == 0 or max(jpegs) != n - 1:
         raise DataError(f"{where}: frames must be numbered 000000..{n - 1:06d} without gaps")
+    labels = _labels(sample, n, num_classes)
+    kept = range(0, n, stride)
+    return Video(key, sample.id, where, [(i, jpegs[i]) for i in kept], labels[::stride])
+
+
+def _check_features(sample: Sample, num_classes: int, stride: int, size: int) -> Video:
+    """A feature shard's sample, validated and read: ``size`` features a frame, float16, every
+    ``stride``-th frame. The array is read as plain ``.npy``; pickled objects are refused."""
+    key, where = sample.key, sample.where
+    extra = set(sample.members) - {LABELS_MEMBER, FEATURES_MEMBER}
+    if extra:
+        raise DataError(
+            f"{where}: member {key}.{sorted(extra)[0]} is not allowed in a feature shard "
+            "(only features.npy and labels.json)"
+        )
+    data = sample.members.get(FEATURES_MEMBER)
+    if data is None:
+        raise DataError(f"{where}: missing member {key}.{FEATURES_MEMBER}")
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"{where}: {key}.{FEATURES_MEMBER} is not a .npy array: {e}") from None
+    if array.dtype != np.float16 or array.ndim != 2 or array.shape[1] != size:
+        raise DataError(
+            f"{where}: {key}.{FEATURES_MEMBER} is {array.dtype} {array.shape}, not float16 "
+            f"(frames, {size}) as index.json says"
+        )
+    labels = _labels(sample, len(array), num_classes)
+    features = torch.from_numpy(array[::stride].copy())
+    return Video(key, sample.id, where, [], labels[::stride], features)
+
+
+def _labels(sample: Sample, frames: int, num_classes: int) -> list[int]:
+    """The sample's ``labels.json``: one class id (or UNLABELLED) per frame."""
+    key, where = sample.key, sample.where
+    labels_json = sample.members.get(LABELS_MEMBER)
+    if labels_json is None:
+        raise DataError(f"{where}: missing member {key}.labels.json")
     try:
         labels = json.loads(labels_json)["labels"]
     except (ValueError, TypeError, KeyError) as e:
         raise DataError(f"{where}: {key}.labels.json is not {{'labels': [...]}}: {e}") from None
     if not isinstance(labels, list) or not all(type(x) is int for x in labels):
         raise DataError(f"{where}: {key}.labels.json 'labels' must be a list of integers")
-    if len(labels) != n:
-        raise DataError(f"{where}: {len(labels)} labels for {n} frames")
+    if len(labels) != frames:
+        raise DataError(f"{where}: {len(labels)} labels for {frames} frames")
     bad = [x for x in labels if not (0 <= x < num_classes or x == UNLABELLED)]
     if bad:
         raise DataError(f"{where}: label {bad[0]} outside the {num_classes} manifest classes")
-    kept = range(0, n, stride)
-    return Video(key, sample.id, where, [(i, jpegs[i]) for i in kept], labels[::stride])
+    return labels
 
 
 def bad_jpeg(where: str, number: int, error: Exception) -> DataError:

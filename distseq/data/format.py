@@ -15,7 +15,11 @@ refused, never decoded. ``index.json`` beside the shards describes them::
      "shards": {"train-000000.tar": {"split": "train", "samples": 8, "frames": 512}, ...}}
 
 ``distseq shard`` adds ``fps``, ``size`` and ``sources``; readers ignore keys they do not know.
-"""
+
+Feature shards (``distseq features``, read with ``data.features=true``) hold, in place of the
+frames, one member ``<key>.features.npy``: float16 of shape (frames, features), a plain ``.npy``
+read with ``allow_pickle=False``. Their manifest adds ``"features": F`` (the feature size) and
+``"backbone"`` (the model that made them)."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from distseq.files import write_atomic
 
 FORMAT = 1
 LABELS_MEMBER = "labels.json"  # a sample's labels, beside its frames
+FEATURES_MEMBER = "features.npy"  # a feature shard's sample: float16 (frames, features)
 FRAME_MEMBER_RE = re.compile(r"(\d{6})\.jpg")
 SPLITS = ("train", "val", "test")  # the test split is for distseq eval --split test only
 JPEG_QUALITY = 90  # of the frames distseq makes: distseq shard's default, the synthetic shards'
@@ -58,6 +63,7 @@ class Manifest:
     fps: float | None = None
     size: int | None = None
     quality: int | None = None
+    features: int | None = None  # feature shards: the feature size; None: frame shards
     path: Path = Path("index.json")  # where it was read from or is written to
 
     @property
@@ -95,20 +101,39 @@ def parse_manifest(doc: Any, where: str) -> Manifest:
                 ">= 0"
             )
         shards[name] = ShardInfo(info["split"], info["samples"], info["frames"])
-    fps, size, quality = (doc.get(k) for k in ("fps", "size", "quality"))
+    fps, size, quality, features = (doc.get(k) for k in ("fps", "size", "quality", "features"))
     for key, value, kind in (
         ("fps", fps, int | float),
         ("size", size, int),
         ("quality", quality, int),
+        ("features", features, int),
     ):
         if value is not None and not (isinstance(value, kind) and value > 0):
             raise DataError(f"manifest {where}: {key!r} must be a number > 0, not {value!r}")
-    return Manifest(list(classes), shards, None if fps is None else float(fps), size, quality)
+    rate = None if fps is None else float(fps)
+    return Manifest(list(classes), shards, rate, size, quality, features)
 
 
 def load_manifest(cfg: DataConfig) -> Manifest:
-    """Read ``cfg.manifest``, or ``index.json`` in the directory of the first train shard."""
-    return find_manifest(cfg.train, cfg.manifest, "data.train")
+    """Read ``cfg.manifest``, or ``index.json`` in the directory of the first train shard; its
+    kind of shards (frames or features) must be the one ``data.features`` says."""
+    manifest = find_manifest(cfg.train, cfg.manifest, "data.train")
+    check_kind(manifest, cfg.features)
+    return manifest
+
+
+def check_kind(manifest: Manifest, features: bool) -> None:
+    """Refuse frame shards where a model takes features (data.features), and the other way."""
+    if features and manifest.features is None:
+        raise ConfigError(
+            f"data.features=true, but {manifest.path} describes frame shards; make feature "
+            "shards with distseq features"
+        )
+    if not features and manifest.features is not None:
+        raise ConfigError(
+            f"{manifest.path} describes feature shards ({manifest.features} a frame), but "
+            "data.features=false: a model trained on frames cannot read them"
+        )
 
 
 def find_manifest(urls: str, manifest: str, key: str) -> Manifest:

@@ -50,12 +50,13 @@ class _Window:
     where: str
     jpegs: list[tuple[int, bytes]]
     labels: list[int]
-    params: augment.Params
+    params: augment.Params | None  # None: features, nothing to augment
     first: bool  # the first window of its video
-    frames: torch.Tensor | list[torch.Tensor] | None = None  # decoded and augmented
+    frames: torch.Tensor | list[torch.Tensor] | None = None  # decoded and augmented; features
 
     def decode(self, size: int) -> torch.Tensor | list[torch.Tensor]:
         if self.frames is None:
+            assert self.params is not None  # frames: drawn with the window
             frames = decode(self.jpegs, self.where)
             height, width = frames[0].shape[1:]
             if augment.changes_nothing(self.params, height, width, size):
@@ -70,7 +71,7 @@ class _Lane:
     """Ordered mode: the video that one row of a worker's batches walks through."""
 
     video: Video
-    params: augment.Params | None = None  # drawn with its first window
+    params: augment.Params | None = None  # drawn with its first window; none for features
     start: int = 0  # of its next window
 
 
@@ -79,6 +80,7 @@ class _TrainWorker:
 
     def __init__(self, stream: _TrainStream, worker: int, workers: int, todo: int) -> None:
         self.cfg, self.num_classes, self.bad = stream.cfg, stream.num_classes, stream.bad
+        self.features = stream.features
         self.max_bad_run = stream.max_bad_run
         self.rng = random.Random(f"distseq-samples:{stream.seed}:{stream.rank}:{worker}")
         buf = self.cfg.shuffle_buffer
@@ -97,11 +99,12 @@ class _TrainWorker:
         pending: dict[int, list[_Window]] = {}
         while True:
             video = self.video()
-            start = self.rng.randint(0, max(0, len(video.labels) - cfg.window))
+            start = self.rng.randint(0, max(0, len(video.labels) - cfg.window)) if cfg.window else 0
             window = self._window(video, start, None)
             if window is None:
                 continue
-            bucket = (len(window.labels) - 1) * cfg.length_buckets // cfg.window
+            buckets = cfg.length_buckets
+            bucket = (len(window.labels) - 1) * buckets // cfg.window if buckets else 0
             rows = pending.setdefault(bucket, [])
             rows.append(window)
             if len(rows) == cfg.batch_size:
@@ -131,21 +134,24 @@ class _TrainWorker:
         while True:
             sample = next(self.samples)
             try:
-                return check_sample(sample, self.num_classes, self.cfg.frame_stride)
+                return check_sample(sample, self.num_classes, self.cfg.frame_stride, self.features)
             except DataError as e:
                 self._fail(sample.id, e)
 
     def _window(self, video: Video, start: int, params: augment.Params | None) -> _Window | None:
-        """The window at ``start``, with ``params`` or (None) a fresh draw; None if it is bad."""
+        """The window at ``start``, with ``params`` or (None) a fresh draw; None if it is bad.
+        Features are neither drawn for nor augmented."""
         cfg = self.cfg
-        stop = start + cfg.window
+        stop = start + (cfg.window or len(video.labels))
         jpegs = video.jpegs[start:stop]
         try:
-            if params is None:
+            if params is None and video.features is None:
                 size = jpeg_size(video.where, jpegs[0])
                 params = augment.draw(cfg.augment, self.rng, *size)
             first = start == 0 or not cfg.ordered
             window = _Window(video.key, video.where, jpegs, video.labels[start:stop], params, first)
+            if video.features is not None:
+                window.frames = video.features[start:stop]
             # Passing over batches, decode only the samples that were bad then, to see if they
             # are bad here: a window of a long video can be fine where another one was not.
             if not self.todo or video.id in self.bad:
@@ -180,6 +186,7 @@ class _TrainStream(Stream):
         bad: frozenset[str],
     ) -> None:
         self.cfg, self.urls, self.num_classes = cfg, urls, manifest.num_classes
+        self.features = manifest.features  # feature shards: the feature size
         self.seed, self.rank, self.world = seed, rank, world
         self.skip, self.bad = skip, bad
         total = sum(info.samples for info in manifest.shards.values() if info.split == "train")
@@ -224,7 +231,7 @@ class _TrainStream(Stream):
                 state.todo -= 1
                 continue
             rows = [(w.key, w.decode(size), w.labels, w.first) for w in windows]
-            yield collate(rows, size, skipped, worker)
+            yield collate(rows, size, skipped, worker, self.features)
 
 
 def train_batches(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
+
 from distseq.config import DataConfig
 from distseq.data.batch import Batch, Row, collate, empty_batch
 from distseq.data.decode import check_sample, decode
@@ -21,9 +23,16 @@ from distseq.errors import DataError
 
 class _ValStream(Stream):
     def __init__(
-        self, cfg: DataConfig, urls: list[str], num_classes: int, total: int, rank: int, world: int
+        self,
+        cfg: DataConfig,
+        urls: list[str],
+        manifest: Manifest,
+        total: int,
+        rank: int,
+        world: int,
     ) -> None:
-        self.cfg, self.urls, self.num_classes = cfg, urls, num_classes
+        self.cfg, self.urls, self.num_classes = cfg, urls, manifest.num_classes
+        self.features = manifest.features  # feature shards: the feature size
         self.total, self.rank, self.world = total, rank, world
 
     def __iter__(self) -> Iterator[Batch]:
@@ -42,14 +51,16 @@ class _ValStream(Stream):
                 if not mine:
                     continue
                 try:
-                    video = check_sample(sample, self.num_classes, cfg.frame_stride)
-                    frames = decode(video.jpegs, video.where, cfg.size)
+                    video = check_sample(sample, self.num_classes, cfg.frame_stride, self.features)
+                    frames: torch.Tensor | list[torch.Tensor] | None = video.features
+                    if frames is None:
+                        frames = decode(video.jpegs, video.where, cfg.size)
                 except DataError as e:
                     on_error(cfg.on_error, e, sample.id, skipped)
                     continue
                 rows.append((video.key, frames, video.labels, True))
                 if len(rows) == cfg.batch_size:
-                    yield collate(rows, cfg.size, skipped, worker)
+                    yield collate(rows, cfg.size, skipped, worker, self.features)
                     rows, skipped = [], []
         # A cut-off shard holds fewer samples than index.json says (the cut one was reported).
         if index > self.total or (index < self.total and not cut):
@@ -57,7 +68,7 @@ class _ValStream(Stream):
                 f"val shards {self.urls[0]}... hold {index} samples, index.json says {self.total}"
             )
         if rows or skipped:
-            yield collate(rows, cfg.size, skipped, worker)
+            yield collate(rows, cfg.size, skipped, worker, self.features)
 
 
 def _val_batch_count(total: int, world: int, workers: int, batch_size: int) -> int:
@@ -86,15 +97,15 @@ def val_batches(
             raise DataError(f"val shard {url} is not listed in index.json")
         total += info.samples
     workers = max(1, cfg.num_workers)
-    stream = _ValStream(cfg, urls, manifest.num_classes, total, rank, world)
+    stream = _ValStream(cfg, urls, manifest, total, rank, world)
     count = _val_batch_count(total, world, workers, cfg.batch_size)
-    return _padded(loader(stream, cfg.num_workers), count, cfg.size)
+    return _padded(loader(stream, cfg.num_workers), count, empty_batch(cfg.size, manifest.features))
 
 
-def _padded(batches: Iterator[Batch], count: int, size: int) -> Iterator[Batch]:
+def _padded(batches: Iterator[Batch], count: int, empty: Batch) -> Iterator[Batch]:
     done = 0
     for batch in batches:
         done += 1
         yield batch
     for _ in range(count - done):
-        yield empty_batch(size)
+        yield empty

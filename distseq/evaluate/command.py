@@ -12,7 +12,7 @@ from distseq.checkpoint.export import Loaded, load_model
 from distseq.data.label_text import read_mapping
 from distseq.errors import ConfigError
 from distseq.evaluate.evaluation import Judging, evaluate, table, write_report
-from distseq.evaluate.features import write_features
+from distseq.evaluate.features import FORMATS, write_features
 from distseq.evaluate.folds import folds_table, over_folds
 from distseq.evaluate.metrics import PROTOCOLS
 from distseq.evaluate.predict import FrameRecipe, frame_recipe, predict_videos
@@ -77,7 +77,15 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--ribbon", action="store_true", help="also a PNG ribbon of the phases")
     p.set_defaults(run=run_predict)
 
-    p = _model_over_videos(sub, "features", "per-frame backbone features once, as <video>.npy")
+    p = _model_over_videos(
+        sub, "features", "per-frame backbone features once: feature shards, or <video>.npy"
+    )
+    p.add_argument(
+        "--format",
+        default="shards",
+        choices=FORMATS,
+        help="shards: from shards, for data.features=true; npy: (features, frames) per video",
+    )
     p.set_defaults(run=run_features)
 
     p = sub.add_parser("report", help="plots of a run and one report.html")
@@ -180,7 +188,7 @@ def run_features(args: argparse.Namespace) -> None:
     loaded, how, chunk = _model_and_frames(args)
     info = init_distributed()
     try:
-        done = write_features(loaded, args.inputs, how, chunk, args.out, info)
+        done = write_features(loaded, args.inputs, how, chunk, args.out, info, args.format)
     finally:
         close_distributed()
     if info.is_main:
@@ -189,7 +197,8 @@ def run_features(args: argparse.Namespace) -> None:
         )
         print(
             f"wrote {done.videos} videos ({done.frames} frames) into {args.out}, "
-            f"{done.skipped} already there{speed}"
+            f"{done.skipped} {'shards' if args.format == 'shards' else 'videos'} already there"
+            f"{speed}"
         )
 
 

@@ -14,7 +14,7 @@ import torch
 
 from distseq.checkpoint.export import Loaded
 from distseq.config import DataConfig
-from distseq.data.format import SPLITS, Manifest, find_manifest
+from distseq.data.format import SPLITS, Manifest, check_kind, find_manifest
 from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
@@ -92,6 +92,7 @@ def evaluate(
     written to ``out``; this rank's share, all ranks' report."""
     cfg = loaded.config.data
     urls, manifest = split_shards(cfg, split, manifest_path)
+    check_kind(manifest, cfg.features)
     if manifest.classes != loaded.classes:
         raise ConfigError(
             f"--split {urls}: its classes {manifest.classes} are not the model's {loaded.classes}"

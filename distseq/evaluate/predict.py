@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from distseq.checkpoint.export import Loaded
+from distseq.data.decode import Video as ShardVideo
 from distseq.data.decode import check_sample, decode
 from distseq.data.format import JPEG_QUALITY, Manifest, find_manifest
 from distseq.data.sources import find_sources
@@ -114,7 +115,7 @@ def frame_recipe(
     return FrameRecipe(rate, size, quality, folder, "" if rate else why)
 
 
-def _is_shards(text: str) -> bool:
+def is_shards(text: str) -> bool:
     return text.endswith(".tar") or "{" in text
 
 
@@ -129,7 +130,12 @@ def _frames(
         yield decode([(number, jpeg)], where, size)[0]
 
 
-def _check_classes(shards: str, loaded: Loaded) -> None:
+def frames_of(video: ShardVideo, size: int) -> Iterator[torch.Tensor]:
+    """A shard sample's frames (its kept ones), decoded one at a time at ``size``."""
+    return _frames(iter(video.jpegs), video.where, size, 1)
+
+
+def check_classes(shards: str, loaded: Loaded) -> None:
     """Shards labelled with other classes than the model's: a label would be read as another."""
     try:
         manifest = find_manifest(shards, "", "INPUT")
@@ -145,12 +151,12 @@ def videos(inputs: list[str], loaded: Loaded, how: FrameRecipe) -> Iterator[Vide
     """Every video of ``inputs``, lazily, in order."""
     data = loaded.config.data
     for item in inputs:
-        if _is_shards(item):
-            _check_classes(item, loaded)
+        if is_shards(item):
+            check_classes(item, loaded)
             for url in expand(item, "INPUT"):
                 for sample in read_shard(url):
                     video = check_sample(sample, len(loaded.classes), data.frame_stride)
-                    yield video.key, _frames(iter(video.jpegs), video.where, data.size, 1)
+                    yield video.key, frames_of(video, data.size)
             continue
         for source in find_sources([Path(item)]):
             if how.fps is None:
@@ -178,7 +184,7 @@ def predict_videos(
     out.mkdir(parents=True, exist_ok=True)
     # The frame rate of the rows, for the time column: the made frames, then the stride.
     rate = None if how.fps is None else float(how.fps) / loaded.config.data.frame_stride
-    model = loaded.model.to(info.device)
+    model = loaded.over_frames().to(info.device)
     done = 0
     for i, (name, frames) in enumerate(videos(inputs, loaded, how)):
         if i % info.world != info.rank:

@@ -8,6 +8,8 @@ the same (``backbone.conv1.weight``, ``head.rnn.weight_ih_l0``, ``head.classifie
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -41,6 +43,41 @@ class VideoModel(nn.Module):
         self, frames: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
     ) -> torch.Tensor:
         return self.head(self.features(frames, mask), mask, carry)
+
+
+class FeatureModel(nn.Module):
+    """The temporal head alone, over features that a backbone made once (``data.features``):
+    features [B, T, F] (float16 as stored) + mask [B, T] -> logits [B, T, K]. Its keys are the
+    head's of a :class:`VideoModel` (``head.*``), so a warm start moves them either way."""
+
+    def __init__(self, head: TemporalHead, feature_dim: int) -> None:
+        super().__init__()
+        self.head = head
+        self.feature_dim = feature_dim
+
+    def features(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The stored features in the head's dtype, zero where masked out (as a backbone's)."""
+        dtype = next(self.head.parameters()).dtype
+        return features.to(dtype).masked_fill(~mask[..., None], 0)
+
+    def forward(
+        self, features: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
+    ) -> torch.Tensor:
+        return self.head(self.features(features, mask), mask, carry)
+
+
+def feature_size(cfg: ModelConfig) -> int:
+    """The size of the features ``cfg.backbone`` makes per frame, without its weights: built on
+    the meta device, which allocates nothing."""
+    with torch.device("meta"):
+        return build_backbone(replace(cfg.backbone, weights=""))[1]
+
+
+def build_feature_model(cfg: ModelConfig, num_classes: int) -> FeatureModel:
+    """The head of the model ``cfg`` describes, over the features its backbone makes
+    (data.features)."""
+    dim = feature_size(cfg)
+    return FeatureModel(build_head(dim, cfg.head, num_classes), dim)
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> VideoModel:

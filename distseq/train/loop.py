@@ -32,14 +32,14 @@ from distseq.data.batch import Batch
 from distseq.data.format import Manifest, load_manifest
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches
-from distseq.errors import TrainingError, first_line
+from distseq.errors import ConfigError, TrainingError, first_line
 from distseq.evaluate.validate import validate, validation_scores
 from distseq.files import write_atomic
 from distseq.memory.budget import plan_for_budget
 from distseq.memory.chunked import compiled_graphs
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.head import Carry
-from distseq.model.video import build_model
+from distseq.model.video import FeatureModel, VideoModel, build_feature_model, build_model
 from distseq.parallel import (
     DistInfo,
     Node,
@@ -174,20 +174,23 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     manifest = load_manifest(cfg.data)
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
     latest = latest_checkpoint(out / "checkpoints")
-    plain = build_model(cfg.model, manifest.num_classes)
+    plain = _model(cfg, manifest)
     if cfg.train.init_from and latest is None:
         warm_start(plain, cfg.train.init_from, say)  # before any wrapper: canonical keys
     elif cfg.train.init_from:
         say(f"train.init_from not loaded: resuming from {latest}")
-    chunked = apply_memory_policy(plain, cfg.memory)
-    if cfg.model.compile:  # before planning: the plan measures the compiled backbone
-        chunked.compile_backbone(cfg.model.compile_backend)
-    model = parallelize(chunked, cfg.parallel, info)
-    if cfg.memory.budget:
-        classes = manifest.num_classes
-        plan_for_budget(
-            cfg, model, chunked, classes, info.device, from_rank_zero, say, info.is_main
-        )
+    if isinstance(plain, FeatureModel):  # no backbone: nothing to chunk, compile or plan
+        model = parallelize(plain, cfg.parallel, info)
+    else:
+        chunked = apply_memory_policy(plain, cfg.memory)
+        if cfg.model.compile:  # before planning: the plan measures the compiled backbone
+            chunked.compile_backbone(cfg.model.compile_backend)
+        model = parallelize(chunked, cfg.parallel, info)
+        if cfg.memory.budget:
+            classes = manifest.num_classes
+            plan_for_budget(
+                cfg, model, chunked, classes, info.device, from_rank_zero, say, info.is_main
+            )
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
     resumed = None if latest is None else load_checkpoint(latest, state)
@@ -209,6 +212,20 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         carries=_carries(cfg, saved, info.device),
         nodes=found,
     )
+
+
+def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
+    """The plain model; on feature shards its head alone, over features of the manifest's size."""
+    if not cfg.data.features:
+        return build_model(cfg.model, manifest.num_classes)
+    model = build_feature_model(cfg.model, manifest.num_classes)
+    if model.feature_dim != manifest.features:
+        raise ConfigError(
+            f"config key model.backbone.name={cfg.model.backbone.name}: makes "
+            f"{model.feature_dim} features a frame, but {manifest.path} holds {manifest.features}: "
+            "name the backbone that made the feature shards"
+        )
+    return model
 
 
 def _carries(cfg: Config, saved: RankState, device: torch.device) -> dict[int, Carry] | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch import nn
 
 from distseq.checkpoint.export import load_model
+from distseq.config import init_source
 from distseq.errors import ConfigError
 
 
@@ -27,19 +28,30 @@ def _groups(keys: set[str]) -> str:
     return ", ".join(f"{group} ({n})" for group, n in counts.items()) or "nothing"
 
 
+def _under(key: str, prefixes: list[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
 def warm_start(model: nn.Module, sources: list[str], say: Callable[[str], None]) -> None:
     """Load the tensors of ``sources`` that ``model`` has into it, in order; ``say`` gets one
-    line per source: what it loaded, and what of the model it left as it was."""
+    line per source: what it loaded, and what of the model it left as it was. A source written
+    ``SOURCE:PREFIXES`` gives only its keys under those prefixes (config.init_source): the
+    backbone of a per-frame run whose classifier differs from this model's, say."""
     ours = model.state_dict()
-    for source in sources:
+    for entry in sources:
+        source, prefixes = init_source(entry)
         theirs = load_model(Path(source)).model.state_dict()
+        if prefixes:
+            theirs = {k: v for k, v in theirs.items() if _under(k, prefixes)}
+            if not theirs:
+                raise ConfigError(f"train.init_from {entry}: no key of {source} is under those")
         taken = {}
         for key, tensor in theirs.items():
             if key not in ours:
                 continue
             if tensor.shape != ours[key].shape:
                 raise ConfigError(
-                    f"train.init_from {source}: {key} has shape {tuple(tensor.shape)} there and "
+                    f"train.init_from {entry}: {key} has shape {tuple(tensor.shape)} there and "
                     f"{tuple(ours[key].shape)} in this model"
                 )
             taken[key] = tensor
@@ -47,7 +59,7 @@ def warm_start(model: nn.Module, sources: list[str], say: Callable[[str], None])
         left = set(ours) - set(taken)
         unused = set(theirs) - set(ours)
         say(
-            f"train.init_from {source}: loaded {len(taken)} tensors: {_groups(set(taken))}; "
+            f"train.init_from {entry}: loaded {len(taken)} tensors: {_groups(set(taken))}; "
             f"not in it: {_groups(left)}"
             + (f"; not in this model: {_groups(unused)}" if unused else "")
         )

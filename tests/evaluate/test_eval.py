@@ -118,10 +118,20 @@ def test_several_models_are_folds(
 def test_features_of_a_run_through_the_command(
     run: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["features", str(run), f"{shards}/val-000000.tar", "--out", str(tmp_path)]
-    assert main(argv) == 0
+    argv = ["features", str(run), f"{shards}/val-000000.tar", "--out", str(tmp_path / "npy")]
+    assert main([*argv, "--format", "npy"]) == 0
     said = capsys.readouterr().out
-    assert said.startswith("wrote 3 videos (") and "0 already there" in said
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"val-{i:06d}.npy" for i in range(3)]
-    assert main(argv) == 0
+    assert said.startswith("wrote 3 videos (") and "0 videos already there" in said
+    names = sorted(p.name for p in (tmp_path / "npy").iterdir())
+    assert names == [f"val-{i:06d}.npy" for i in range(3)]
+    assert main([*argv, "--format", "npy"]) == 0
     assert "wrote 0 videos (0 frames)" in capsys.readouterr().out
+    argv[-1] = str(tmp_path / "shards")
+    assert main(argv) == 0  # shards by default
+    assert "wrote 3 videos (" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == [
+        "index.json",
+        "val-000000.tar",
+    ]
+    assert main(argv) == 0
+    assert "1 shards already there" in capsys.readouterr().out

@@ -1,8 +1,10 @@
-"""``distseq features``: a model's per-frame features once, as <video>.npy (features, frames),
-equal to the backbone over the whole video at once; resumable; split across ranks alike."""
+"""``distseq features``: a model's per-frame features once, as feature shards or <video>.npy
+(features, frames), equal to the backbone over the whole video at once; resumable; split across
+ranks alike."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,11 +13,14 @@ import pytest
 import torch
 from test_evaluation import ONE, untrained
 
+from distseq.checkpoint.export import Loaded
 from distseq.data.format import find_manifest
 from distseq.data.val_stream import val_batches
+from distseq.errors import ConfigError
 from distseq.evaluate.features import write_features
 from distseq.evaluate.predict import FrameRecipe
-from streams import N_VAL
+from distseq.model.video import build_feature_model
+from streams import N_TRAIN, N_VAL, PER_SHARD
 
 SPLIT = "val-{000000..000001}.tar"
 HOW = FrameRecipe(None, 32, 90, None)  # shards need no recipe: their frames are made
@@ -24,7 +29,7 @@ HOW = FrameRecipe(None, 32, 90, None)  # shards need no recipe: their frames are
 def test_features_equal_the_backbone_over_the_whole_video(shards: Path, tmp_path: Path) -> None:
     loaded = untrained(shards, ["phase0", "phase1", "phase2"])
     urls = f"{shards}/{SPLIT}"
-    done = write_features(loaded, [urls], HOW, 4, tmp_path, ONE)  # chunks of 4 frames
+    done = write_features(loaded, [urls], HOW, 4, tmp_path, ONE, "npy")  # chunks of 4 frames
     assert (done.videos, done.skipped) == (N_VAL, 0) and done.seconds > 0
     cfg = replace(loaded.config.data, val=urls)
     batches = val_batches(cfg, find_manifest(urls, "", "x"), 0, 1)
@@ -48,12 +53,12 @@ def test_features_equal_the_backbone_over_the_whole_video(shards: Path, tmp_path
 def test_a_rerun_skips_what_is_done(shards: Path, tmp_path: Path) -> None:
     loaded = untrained(shards, ["phase0", "phase1", "phase2"])
     urls = f"{shards}/{SPLIT}"
-    write_features(loaded, [urls], HOW, 4, tmp_path, ONE)
+    write_features(loaded, [urls], HOW, 4, tmp_path, ONE, "npy")
     first = tmp_path / "val-000000.npy"
     first.unlink()
     (tmp_path / "val-000000.npy.tmp").write_bytes(b"half a file")  # a killed run's leftover
     before = (tmp_path / "val-000001.npy").stat().st_mtime_ns
-    done = write_features(loaded, [urls], HOW, 4, tmp_path, ONE)
+    done = write_features(loaded, [urls], HOW, 4, tmp_path, ONE, "npy")
     assert (done.videos, done.skipped) == (1, N_VAL - 1)
     assert np.load(first).shape[0] == loaded.model.feature_dim
     assert (tmp_path / "val-000001.npy").stat().st_mtime_ns == before
@@ -63,7 +68,76 @@ def test_a_rerun_skips_what_is_done(shards: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("chunk", [1, 100])
 def test_the_chunk_changes_nothing(shards: Path, tmp_path: Path, chunk: int) -> None:
     loaded = untrained(shards, ["phase0", "phase1", "phase2"])
-    write_features(loaded, [f"{shards}/val-000000.tar"], HOW, chunk, tmp_path / "a", ONE)
-    write_features(loaded, [f"{shards}/val-000000.tar"], HOW, 3, tmp_path / "b", ONE)
+    write_features(loaded, [f"{shards}/val-000000.tar"], HOW, chunk, tmp_path / "a", ONE, "npy")
+    write_features(loaded, [f"{shards}/val-000000.tar"], HOW, 3, tmp_path / "b", ONE, "npy")
     for path in (tmp_path / "a").glob("*.npy"):
         np.testing.assert_allclose(np.load(path), np.load(tmp_path / "b" / path.name), atol=1e-5)
+
+
+def _all(shards: Path) -> list[str]:
+    """Every shard of the tests' shards: 4 train and 2 val."""
+    return [f"{shards}/train-{{000000..000003}}.tar", f"{shards}/{SPLIT}"]
+
+
+def test_feature_shards_hold_the_backbone_s_features_and_the_labels(
+    shards: Path, tmp_path: Path
+) -> None:
+    loaded = untrained(shards, ["phase0", "phase1", "phase2"])
+    done = write_features(loaded, _all(shards), HOW, 4, tmp_path, ONE)
+    assert (done.videos, done.skipped) == (N_TRAIN + N_VAL, 0)
+    index = json.loads((tmp_path / "index.json").read_text())
+    source = find_manifest(f"{shards}/{SPLIT}", "", "x")
+    assert index["features"] == loaded.model.feature_dim == 512
+    assert index["backbone"] == "resnet18" and index["classes"] == source.classes
+    assert {n: s["split"] for n, s in index["shards"].items()} == {
+        n: s.split for n, s in source.shards.items()
+    }
+    assert sum(s["frames"] for s in index["shards"].values()) == done.frames
+    # Read back as training reads them: features equal the backbone's over each whole video to
+    # float16's precision (2^-11 relative), labels equal the frame shards'.
+    frames = replace(loaded.config.data, val=f"{shards}/{SPLIT}")
+    feats = replace(frames, val=f"{tmp_path}/{SPLIT}", features=True)
+    seen = 0
+    pairs = zip(
+        val_batches(frames, source, 0, 1),
+        val_batches(feats, find_manifest(feats.val, "", "x"), 0, 1),
+        strict=True,
+    )
+    for by_frames, by_features in pairs:
+        assert by_features.keys == by_frames.keys and by_features.frames.dtype == torch.float16
+        assert torch.equal(by_features.labels, by_frames.labels)
+        assert torch.equal(by_features.mask, by_frames.mask)
+        with torch.no_grad():
+            whole = loaded.model.features(by_frames.frames, by_frames.mask)
+        stored = by_features.frames.float()
+        assert torch.allclose(stored, whole, rtol=2**-10, atol=1e-4)
+        seen += sum(1 for key in by_frames.keys if key)
+    assert seen == N_VAL
+
+
+def test_feature_shards_resume_shard_by_shard(shards: Path, tmp_path: Path) -> None:
+    loaded = untrained(shards, ["phase0", "phase1", "phase2"])
+    write_features(loaded, _all(shards), HOW, 4, tmp_path, ONE)
+    index = (tmp_path / "index.json").read_text()
+    (tmp_path / "val-000001.tar").unlink()
+    (tmp_path / "val-000001.tar.tmp").write_bytes(b"half a shard")  # a killed run's leftover
+    before = (tmp_path / "train-000000.tar").stat().st_mtime_ns
+    done = write_features(loaded, _all(shards), HOW, 4, tmp_path, ONE)
+    assert (done.videos, done.skipped) == (N_VAL - PER_SHARD, 5)  # val-000001's 2; 5 shards
+    assert (tmp_path / "train-000000.tar").stat().st_mtime_ns == before
+    assert (tmp_path / "index.json").read_text() == index
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_feature_shards_need_shards_and_a_model_with_a_backbone(
+    shards: Path, tmp_path: Path
+) -> None:
+    loaded = untrained(shards, ["phase0", "phase1", "phase2"])
+    with pytest.raises(ConfigError, match=r"clip.mp4: --format shards reads shards"):
+        write_features(loaded, [str(tmp_path / "clip.mp4")], HOW, 4, tmp_path, ONE)
+    with pytest.raises(ConfigError, match="are not the model's"):
+        write_features(untrained(shards, ["a", "b", "c"]), _all(shards), HOW, 4, tmp_path, ONE)
+    cfg = replace(loaded.config, data=replace(loaded.config.data, features=True))
+    head = build_feature_model(cfg.model, 3)
+    with pytest.raises(ConfigError, match=r"trained on features .* no backbone"):
+        write_features(Loaded(head, cfg, loaded.classes, 0), _all(shards), HOW, 4, tmp_path, ONE)
