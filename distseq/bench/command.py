@@ -1,4 +1,4 @@
-"""``distseq bench memory|compare|data|protocols|traffic``: benchmarks that print numbers; their
+"""``distseq bench memory|compare|data|protocols|traffic|gpu``: benchmarks that print numbers; their
 options, each a thin run over its module."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from distseq.bench.compare import CompareBench, bench_compare
 from distseq.bench.data import DataBench, bench_data
+from distseq.bench.gpu import GpuBench, bench_gpu
 from distseq.bench.memory import MemoryBench, bench_memory
 from distseq.bench.protocols import ProtocolsBench, bench_protocols
 from distseq.bench.traffic import TrafficBench, bench_traffic
@@ -26,6 +27,7 @@ def add_parser(sub: Subparsers) -> None:
     _add_data(bench_sub)
     _add_protocols(bench_sub)
     _add_traffic(bench_sub)
+    _add_gpu(bench_sub)
 
 
 def _options(kind: type[T], args: argparse.Namespace) -> T:
@@ -107,3 +109,21 @@ def _add_traffic(sub: Subparsers) -> None:
     p.add_argument("--modes", nargs="+", default=["fsdp", "ddp"], choices=["fsdp", "ddp"])
     p.add_argument("--json", action="store_true", help="one JSON record per row")
     p.set_defaults(run=lambda args: bench_traffic(_options(TrafficBench, args)))
+
+
+def _add_gpu(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "gpu", help="the GPU acceptance run: memory, plan, bf16, offload, NCCL, compile, loader"
+    )
+    p.add_argument("--backbone", default="resnet50")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--frames", type=int, default=256, help="T of the sequence")
+    p.add_argument("--chunk", type=int, default=16, help="frames per chunk (memory.chunk_frames)")
+    p.add_argument("--compile", default="inductor", help="the torch.compile backend")
+    p.add_argument("--loader-frames", type=int, default=1024, help="frames the loader row times")
+    p.add_argument(
+        "--dry-run", action="store_true", help="tiny sizes, on the CPU where there is no GPU"
+    )
+    p.add_argument("--out", default="runs/bench-gpu", help="for gpu.md and gpu.json")
+    p.add_argument("--json", action="store_true", help="one JSON record instead of the table")
+    p.set_defaults(run=lambda args: bench_gpu(_options(GpuBench, args)))

@@ -103,7 +103,7 @@ class Case:
         return random_sequence(self.frames, self.size, self.device)
 
 
-def _whole(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, y: torch.Tensor) -> None:
+def whole_step(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, y: torch.Tensor) -> None:
     loss = F.cross_entropy(model(x, mask).flatten(0, 1).float(), y.flatten())
     loss.backward()
 
@@ -144,7 +144,7 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     shape = RunShape(1, case.size, CLASSES, case.frames, case.device)
     measured = probe(chunked, chunked, shape, case.plan_chunk)
     stages = tuple(chunked.stages)
-    reference = _grads(plain, _whole, batch)
+    reference = _grads(plain, whole_step, batch)
 
     def measure(
         model: nn.Module, step: Step, approach: str, plan: Plan | None = None, data: Batch = batch
@@ -169,17 +169,17 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
         model = case.model(Recompute.torch, plan.probe.chunk_frames)
         plan.apply(model)
         model.prefetch_frames = data is not batch  # offloaded, as memory.offload=frames runs
-        row = measure(model, _whole, approach, plan, data)
+        row = measure(model, whole_step, approach, plan, data)
         row.plan = plan.describe(case.frames)
         return row
 
     blocks = case.model(Recompute.none, case.frames)
     apply_activation_checkpointing(blocks, check_fn=lambda m: isinstance(m, BLOCKS))
     rows = [
-        measure(plain, _whole, "plain"),
-        measure(blocks, _whole, "per_block"),
+        measure(plain, whole_step, "plain"),
+        measure(blocks, whole_step, "per_block"),
         measure(case.model(Recompute.none, case.frames), _windows, "tbptt64"),
-        measure(chunked, _whole, "chunked"),
+        measure(chunked, whole_step, "chunked"),
     ]
     rows[3].floor_bytes = floor_bytes(case.backbone, chunked, batch[0], batch[1], case.chunk)
     rows[3].gradient_bytes = sum(p.numel() * p.element_size() for p in chunked.parameters())
@@ -195,10 +195,10 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     rows.append(planned("planner_offload", Plan(on_host, half, stages), (frames, *batch[1:])))
     if case.compile:  # measure() compiles in its exactness step, before the timed ones
         rows.append(
-            measure(case.model(Recompute.none, case.frames, True), _whole, "plain_compiled")
+            measure(case.model(Recompute.none, case.frames, True), whole_step, "plain_compiled")
         )
         rows.append(
-            measure(case.model(Recompute.torch, case.chunk, True), _whole, "chunked_compiled")
+            measure(case.model(Recompute.torch, case.chunk, True), whole_step, "chunked_compiled")
         )
     for row in rows:
         if row.peak_bytes is None or row.step_seconds is None:

@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -182,19 +183,27 @@ def bench_data(args: DataBench) -> list[Record]:
     try:
         if args.shards:
             return _bench(args, args.shards)
-        with tempfile.TemporaryDirectory(prefix="distseq-bench-") as tmp:
-            write_synthetic(
-                Path(tmp),
-                train_sequences=SYNTHETIC_SEQUENCES,
-                val_sequences=0,
-                min_frames=args.window,
-                max_frames=args.window,
-                size=args.size,
-                phases=1,
-                seed=0,
-                sequences_per_shard=SEQUENCES_PER_SHARD,
-            )
-            last = SYNTHETIC_SEQUENCES // SEQUENCES_PER_SHARD - 1
-            return _bench(args, f"{tmp}/train-{{000000..{last:06d}}}.tar")
+        with synthetic_shards(args.size, args.window) as pattern:
+            return _bench(args, pattern)
     finally:
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def synthetic_shards(size: int, window: int) -> Iterator[str]:
+    """Train shards of random sequences of ``window`` frames at ``size`` px, in a temporary
+    folder while the context lasts: their URL pattern."""
+    with tempfile.TemporaryDirectory(prefix="distseq-bench-") as tmp:
+        write_synthetic(
+            Path(tmp),
+            train_sequences=SYNTHETIC_SEQUENCES,
+            val_sequences=0,
+            min_frames=window,
+            max_frames=window,
+            size=size,
+            phases=1,
+            seed=0,
+            sequences_per_shard=SEQUENCES_PER_SHARD,
+        )
+        last = SYNTHETIC_SEQUENCES // SEQUENCES_PER_SHARD - 1
+        yield f"{tmp}/train-{{000000..{last:06d}}}.tar"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -138,7 +139,7 @@ def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> Recor
     )  # fmt: skip
 
 
-def _world(opts: TrafficBench, world: int) -> list[Record]:
+def world_records(opts: TrafficBench, world: int) -> list[Record]:
     """One torchrun group of ``world`` ranks on this host; rank 0's records."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc_per_node={world}", "-m", "distseq.bench.traffic", json.dumps(asdict(opts))]
@@ -146,8 +147,11 @@ def _world(opts: TrafficBench, world: int) -> list[Record]:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-        raise TrainingError(f"bench traffic at world {world}: torchrun failed: {last}")
+        said = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
+        # torchrun ends with a summary framed in "=" lines; the rank's own error comes before.
+        errors = [line for line in said if re.search(r"\w(Error|Exception)\b|error:", line)]
+        why = errors[-1] if errors else said[-1]
+        raise TrainingError(f"bench traffic at world {world}: torchrun failed: {why.strip()}")
     return [Record(**json.loads(line)) for line in lines]
 
 
@@ -164,7 +168,7 @@ def bench_traffic(opts: TrafficBench) -> list[Record]:
             f"{'other B':>7} {'wire':>8} {'step s':>7}"
         )
     for world in opts.worlds:
-        for r in _world(opts, world):
+        for r in world_records(opts, world):
             records.append(r)
             if opts.json:
                 print(json.dumps(asdict(r)), flush=True)
@@ -182,7 +186,7 @@ def bench_traffic(opts: TrafficBench) -> list[Record]:
 
 
 def _main() -> None:
-    """A rank of ``_world``'s group: rank 0 prints every record, one JSON line each."""
+    """A rank of ``world_records``' group: rank 0 prints every record, one JSON line each."""
     opts = TrafficBench(**json.loads(sys.argv[1]))
     info = init_distributed()
     records = [_record(opts, info, mode, chunks) for mode in opts.modes for chunks in opts.chunks]
