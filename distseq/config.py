@@ -340,6 +340,7 @@ class Config:
                 ("memory.offload", memory.offload.value, Offload.none.value),
                 ("memory.tbptt_frames", memory.tbptt_frames, 0),
                 ("model.compile", self.model.compile, False),
+                ("data.augment", self.data.augment, AugmentConfig()),
             ):
                 _check(value == unset, key, value, "does not apply with data.features=true")
         causal = not self.model.head.bidirectional

@@ -139,6 +139,8 @@ def test_a_features_run_refuses_shards_and_backbones_that_do_not_match(
         train(replace(cfg, train=replace(cfg.train, out_dir=str(tmp_path / "c"))))
     with pytest.raises(ConfigError, match=r"memory.budget='1GB': does not apply with data.feat"):
         _features_config(features, tmp_path / "d", "memory.budget=1GB")
+    with pytest.raises(ConfigError, match=r"data.augment=.*flip=True.*: does not apply with"):
+        _features_config(features, tmp_path / "d", "data.augment.flip=true")
     with pytest.raises(ConfigError, match=r"data.window=0: .*needs data.features=true"):
         _frames_config(shards, "data.window=0")
 
