@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import TypeAlias
 
 from distseq.checkpoint.export import Loaded, load_model
+from distseq.config import Norm
 from distseq.data.label_text import read_mapping
 from distseq.errors import ConfigError
 from distseq.evaluate.evaluation import Judging, evaluate, table, write_report
-from distseq.evaluate.features import FORMATS, write_features
+from distseq.evaluate.features import FORMATS, named_backbone, write_features
 from distseq.evaluate.folds import folds_table, over_folds
 from distseq.evaluate.metrics import PROTOCOLS
 from distseq.evaluate.predict import FrameRecipe, frame_recipe, predict_videos
@@ -78,13 +79,22 @@ def add_parser(sub: Subparsers) -> None:
     p.set_defaults(run=run_predict)
 
     p = _model_over_videos(
-        sub, "features", "per-frame backbone features once: feature shards, or <video>.npy"
+        sub, "features", "per-frame backbone features once: feature shards, or <video>.npy", "*"
     )
     p.add_argument(
         "--format",
         default="shards",
         choices=FORMATS,
         help="shards: from shards, for data.features=true; npy: (features, frames) per video",
+    )
+    p.add_argument(
+        "--backbone",
+        default="",
+        help="a torchvision backbone by name instead of MODEL: every positional is an input",
+    )
+    p.add_argument("--weights", default="", help="--backbone's weights: IMAGENET1K_V2 or a file")
+    p.add_argument(
+        "--norm", default="frozen_bn", choices=[n.value for n in Norm], help="--backbone's norm"
     )
     p.set_defaults(run=run_features)
 
@@ -95,12 +105,14 @@ def add_parser(sub: Subparsers) -> None:
     p.set_defaults(run=run_report)
 
 
-def _model_over_videos(sub: Subparsers, name: str, what: str) -> argparse.ArgumentParser:
+def _model_over_videos(
+    sub: Subparsers, name: str, what: str, inputs: str = "+"
+) -> argparse.ArgumentParser:
     """The options of a model run over videos whose frames are made as its training frames were
-    (``predict`` and ``features``)."""
+    (``predict`` and ``features``); ``inputs``: their nargs."""
     p = sub.add_parser(name, help=what)
     p.add_argument("model", help="exported .pt (safe to share), run directory or checkpoint")
-    p.add_argument("inputs", nargs="+", help="video files, frame folders, folders, or shards")
+    p.add_argument("inputs", nargs=inputs, help="video files, frame folders, folders, or shards")
     p.add_argument("--out", required=True, type=Path, help="folder for one file per video")
     p.add_argument("--fps", type=float, default=None, help="frames/s; default: training index.json")
     p.add_argument("--folder-fps", type=float, default=None, help="of frame folders (= --fps)")
@@ -112,9 +124,12 @@ def _model_over_videos(sub: Subparsers, name: str, what: str) -> argparse.Argume
     return p
 
 
-def _model_and_frames(args: argparse.Namespace) -> tuple[Loaded, FrameRecipe, int]:
-    """The model of ``_model_over_videos``' options, its frame recipe, and the chunk size."""
-    loaded = load_model(Path(args.model))
+def _model_and_frames(
+    args: argparse.Namespace, loaded: Loaded | None = None
+) -> tuple[Loaded, FrameRecipe, int]:
+    """The model of ``_model_over_videos``' options (or ``loaded``), its frame recipe, and the
+    chunk size."""
+    loaded = loaded or load_model(Path(args.model))
     how = frame_recipe(loaded, args.fps, args.folder_fps, args.size, args.quality)
     return loaded, how, args.chunk or loaded.config.memory.chunk_frames
 
@@ -185,7 +200,13 @@ def run_predict(args: argparse.Namespace) -> None:
 
 
 def run_features(args: argparse.Namespace) -> None:
-    loaded, how, chunk = _model_and_frames(args)
+    named = None
+    if args.backbone:  # no MODEL: the first positional is an input too
+        args.inputs = [args.model, *args.inputs]
+        named = named_backbone(args.backbone, args.weights, args.norm, args.inputs, args.size)
+    elif not args.inputs:
+        raise ConfigError("distseq features: give the inputs after MODEL (or --backbone NAME)")
+    loaded, how, chunk = _model_and_frames(args, named)
     info = init_distributed()
     try:
         done = write_features(loaded, args.inputs, how, chunk, args.out, info, args.format)

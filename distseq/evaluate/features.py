@@ -1,4 +1,5 @@
-"""A trained model's per-frame features, once, as ``distseq features`` writes them:
+"""A trained model's per-frame features, once, as ``distseq features`` writes them (or a
+torchvision backbone's, by name and weights, with no trained run: ``named_backbone``):
 
 - ``shards`` (the default): feature shards that ``data.features=true`` trains on. Each input
   shard becomes one of the same name, every video a sample of float16 features (frames,
@@ -31,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from distseq.checkpoint.export import Loaded
+from distseq.config import BackboneConfig, Config, DataConfig, ModelConfig, Norm
 from distseq.data.decode import check_sample
 from distseq.data.format import (
     FEATURES_MEMBER,
@@ -43,7 +45,7 @@ from distseq.data.format import (
 from distseq.data.tar import expand, read_shard, shard_name
 from distseq.errors import ConfigError, DataError
 from distseq.evaluate.predict import FrameRecipe, chunks, frames_of, is_shards, videos
-from distseq.model.video import VideoModel
+from distseq.model.video import VideoModel, build_model
 from distseq.parallel import DistInfo, all_reduce_sum
 
 FORMATS = ("shards", "npy")
@@ -74,6 +76,24 @@ class _Backbone:
             parts.append(self.model.features(x.to(self.device), mask)[0].float().cpu())
             self.seconds += time.perf_counter() - start
         return torch.cat(parts) if parts else torch.zeros((0, self.model.feature_dim))
+
+
+def named_backbone(name: str, weights: str, norm: str, inputs: list[str], size: int) -> Loaded:
+    """A torchvision backbone by name and weights, with no trained run (``--backbone``), as a
+    model whose features ``write_features`` writes, at ``size`` px (0: the size the first shards'
+    index.json records, else 224). Its classes are the first shards' (their labels go into the
+    feature shards); with no shards (``--format npy`` over videos) they are not used."""
+    if not weights:
+        raise ConfigError(
+            f"--backbone {name}: needs --weights (a torchvision entry such as IMAGENET1K_V2, or "
+            "a file): the features of random weights mean nothing"
+        )
+    manifest = next((find_manifest(i, "", "INPUT") for i in inputs if is_shards(i)), None)
+    classes = manifest.classes if manifest is not None else ["unused"]
+    size = size or (manifest.size if manifest is not None and manifest.size else 224)
+    backbone = BackboneConfig(name, weights, Norm(norm))
+    cfg = Config(data=DataConfig(size=size), model=ModelConfig(backbone=backbone))
+    return Loaded(build_model(cfg.model, len(classes)).eval(), cfg, classes, 0)
 
 
 def write_features(

@@ -14,11 +14,13 @@ import torch
 from test_evaluation import ONE, untrained
 
 from distseq.checkpoint.export import Loaded
+from distseq.cli import main
 from distseq.data.format import find_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
 from distseq.evaluate.features import write_features
 from distseq.evaluate.predict import FrameRecipe
+from distseq.model.backbone import IMAGENET_MEAN, IMAGENET_STD, tiny_cnn
 from distseq.model.video import build_feature_model
 from streams import N_TRAIN, N_VAL, PER_SHARD
 
@@ -141,3 +143,42 @@ def test_feature_shards_need_shards_and_a_model_with_a_backbone(
     head = build_feature_model(cfg.model, 3)
     with pytest.raises(ConfigError, match=r"trained on features .* no backbone"):
         write_features(Loaded(head, cfg, loaded.classes, 0), _all(shards), HOW, 4, tmp_path, ONE)
+
+
+def test_a_torchvision_backbone_by_name_and_weights_without_a_run(
+    shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--backbone NAME --weights FILE``: the features of those weights (with their BatchNorm
+    statistics, frozen_bn), in feature shards that name the backbone."""
+    torch.manual_seed(3)
+    cnn = tiny_cnn()
+    with torch.no_grad():  # statistics that are not the identity, so that frozen_bn shows
+        for bn in (cnn[1], cnn[4]):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+    weights = tmp_path / "tiny.pt"
+    torch.save(cnn.state_dict(), weights)
+    out = tmp_path / "features"
+    argv = ["features", "--backbone", "tiny_cnn", "--weights", str(weights), "--size", "32"]
+    assert main([*argv, f"{shards}/val-000000.tar", "--out", str(out)]) == 0
+    assert "wrote 3 videos (" in capsys.readouterr().out
+    index = json.loads((out / "index.json").read_text())
+    assert (index["backbone"], index["features"]) == ("tiny_cnn", 32)
+    cnn.eval()
+    cnn[-1] = torch.nn.Identity()  # the classifier, as build_backbone removes it
+    frames = replace(untrained(shards, ["phase0", "phase1", "phase2"]).config.data, batch_size=1)
+    feats = replace(frames, val=f"{out}/val-000000.tar", features=True)
+    frames = replace(frames, val=f"{shards}/val-000000.tar")
+    pairs = zip(
+        val_batches(frames, find_manifest(frames.val, "", "x")),
+        val_batches(feats, find_manifest(feats.val, "", "x")),
+        strict=True,
+    )
+    for by_frames, by_features in pairs:
+        x = by_frames.frames[0].contiguous().float() / 255
+        mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+        with torch.no_grad():
+            want = cnn((x - mean[:, None, None]) / std[:, None, None])
+        assert torch.allclose(by_features.frames[0].float(), want, rtol=2**-10, atol=1e-4)
+    assert main([*argv[:3], f"{shards}/val-000000.tar", "--out", str(out)]) == 2
+    assert "--backbone tiny_cnn: needs --weights" in capsys.readouterr().err
