@@ -135,7 +135,7 @@ def frames_of(video: ShardVideo, size: int) -> Iterator[torch.Tensor]:
     return _frames(iter(video.jpegs), video.where, size, 1)
 
 
-def check_classes(shards: str, loaded: Loaded) -> None:
+def _check_classes(shards: str, loaded: Loaded) -> None:
     """Shards labelled with other classes than the model's: a label would be read as another."""
     try:
         manifest = find_manifest(shards, "", "INPUT")
@@ -152,7 +152,7 @@ def videos(inputs: list[str], loaded: Loaded, how: FrameRecipe) -> Iterator[Vide
     data = loaded.config.data
     for item in inputs:
         if is_shards(item):
-            check_classes(item, loaded)
+            _check_classes(item, loaded)
             for url in expand(item, "INPUT"):
                 for sample in read_shard(url):
                     video = check_sample(sample, len(loaded.classes), data.frame_stride)
