@@ -41,24 +41,34 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     exit_with_agent()  # first: the imports below take seconds, and the agent may die meanwhile
     args = _parser().parse_args(argv)
-    rank = os.environ.get("RANK")
-    prefix = "distseq: error: " if rank is None else f"distseq: error (rank {rank}): "
     try:
         args.run(args)
     except ConfigError as e:
-        print(prefix + str(e), file=sys.stderr)
-        return EXIT_CONFIG
+        return _failed(str(e), EXIT_CONFIG)
     except (DataError, TrainingError) as e:
-        print(prefix + str(e), file=sys.stderr)
-        return EXIT_FAILURE
+        return _failed(str(e), EXIT_FAILURE)
     except KeyboardInterrupt:
-        print(prefix + "interrupted", file=sys.stderr)
-        return 130
+        return _failed("interrupted", 130)
     except StoppedAtStart as e:
-        print(prefix + str(e), file=sys.stderr)
-        return EXIT_SIGTERM
+        return _failed(str(e), EXIT_SIGTERM)
     except Exception:
-        if agent_gone():  # a peer exited with the agent, and the collective failed first here
-            exit_orphaned()
+        _exit_if_orphaned()
         raise
     return 0
+
+
+def _failed(message: str, code: int) -> int:
+    """Print ``message`` as this rank's one error line; returns ``code``."""
+    _exit_if_orphaned()
+    rank = os.environ.get("RANK")
+    prefix = "distseq: error: " if rank is None else f"distseq: error (rank {rank}): "
+    print(prefix + message, file=sys.stderr)
+    return code
+
+
+def _exit_if_orphaned() -> None:
+    """A peer that saw the agent's death first exits, and a collective fails here before this
+    worker's own poll (0.5 s) notices: the agent is then the cause, whatever error the collective
+    became (seen once in CI: "a collective failed ... every node answers")."""
+    if agent_gone():
+        exit_orphaned()
