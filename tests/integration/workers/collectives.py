@@ -5,8 +5,6 @@ own."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.distributed.fsdp import fully_shard
 
@@ -15,7 +13,7 @@ from distseq.bench.collectives import CollectiveCounter
 from distseq.config import ParallelConfig
 from distseq.memory.chunked import Hold
 from distseq.memory.stages import stage_starts
-from distseq.parallel import DistInfo, init_distributed, parallelize
+from distseq.parallel import DistInfo, close_distributed, init_distributed, parallelize
 from distseq.train.step import clip_grad_norm, train_step
 
 T = 16
@@ -54,8 +52,7 @@ def main() -> None:
             "per_stage k=T/8": one_step(info, T // 8, per_stage=True),
         }
     )
-    torch.distributed.destroy_process_group()
-    os._exit(0)
+    close_distributed()
 
 
 if __name__ == "__main__":

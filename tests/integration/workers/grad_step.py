@@ -9,7 +9,6 @@ losses.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -20,7 +19,7 @@ from distseq.config import ParallelConfig, ParallelMode
 from distseq.data.batch import IGNORE_INDEX, Batch
 from distseq.memory.chunked import Hold
 from distseq.memory.stages import stage_starts
-from distseq.parallel import init_distributed, parallelize
+from distseq.parallel import DistInfo, close_distributed, init_distributed, parallelize
 from distseq.train.step import clip_grad_norm, train_step
 
 STEPS = 3
@@ -42,9 +41,13 @@ def global_batch() -> Batch:
 
 
 def main() -> None:
-    mode, accum = sys.argv[1], int(sys.argv[2])
-    holding = sys.argv[3]
+    mode, accum, holding = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     info = init_distributed()
+    steps(mode, accum, holding, info)
+    close_distributed()  # after steps() let go of the model, which holds the group
+
+
+def steps(mode: str, accum: int, holding: str, info: DistInfo) -> None:
     cfg = ParallelConfig(mode=ParallelMode(mode))
     chunked = tiny_model("torch", chunk=4)
     if holding == "keep":
@@ -77,10 +80,6 @@ def main() -> None:
     params = {k: v.clone() for k, v in full.items() if isinstance(v, torch.Tensor)}
     torch.save({"params": params, "grads": grads}, f"out_{mode}_{info.rank}.pt")
     report({"losses": losses})
-    # DDP on gloo sometimes aborts in interpreter teardown ("terminate called without an active
-    # exception"), a torch issue unrelated to the step checked here.
-    torch.distributed.destroy_process_group()
-    os._exit(0)
 
 
 if __name__ == "__main__":
