@@ -147,12 +147,29 @@ def world_records(opts: TrafficBench, world: int) -> list[Record]:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        said = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
-        # torchrun ends with a summary framed in "=" lines; the rank's own error comes before.
-        errors = [line for line in said if re.search(r"\w(Error|Exception)\b|error:", line)]
-        why = errors[-1] if errors else said[-1]
-        raise TrainingError(f"bench traffic at world {world}: torchrun failed: {why.strip()}")
+        why = torchrun_failure(proc.stderr.strip() or proc.stdout.strip() or "no output")
+        raise TrainingError(f"bench traffic at world {world}: torchrun failed: {why}")
     return [Record(**json.loads(line)) for line in lines]
+
+
+def torchrun_failure(said: str) -> str:
+    """The line that says why a torchrun group failed: a rank's own error, else the exit of the
+    rank torchrun's summary names as the root cause (a rank killed by a signal prints nothing)."""
+    lines = [line.strip() for line in said.splitlines()]
+    own = [
+        line
+        for line in lines
+        if re.search(r"\w(Error|Exception)\b|error:|^terminate called", line)
+        and "ChildFailedError" not in line  # torchrun's own, above its summary
+    ]
+    if own:
+        return own[-1]
+    # The summary's last entry is the root cause: "rank : 1 (local_rank: 1)", "exitcode : -6 ..."
+    ranks = [line for line in lines if re.match(r"rank\s*:", line)]
+    exits = [line for line in lines if re.match(r"exitcode\s*:", line)]
+    if ranks and exits:
+        return f"{' '.join(ranks[-1].split())}, {' '.join(exits[-1].split())}"
+    return lines[-1]
 
 
 def bench_traffic(opts: TrafficBench) -> list[Record]:
