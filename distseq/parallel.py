@@ -181,15 +181,15 @@ def close_distributed() -> None:
     now and then the process aborted ("terminate called without an active exception", SIGABRT;
     likely a gloo thread taking the GIL there, ended inside C++) and torchrun reported a
     finished job as failed: 4 of 30 runs of `bench traffic` in one series here, 1 of 5 of its
-    test in another, none in 48 more. Two things kept the group: torch
-    2.14's DeviceMesh holds its groups (``_pg_registry``) and DTensor's caches hold the mesh;
-    and FSDP2's modules hold them in reference cycles, which only the collector frees. A module
-    the caller still holds keeps its group all the same: close after letting go of it.
+    test in another, none in 48 more. Two things kept the group: torch 2.14's DeviceMesh holds
+    its groups (``_pg_registry``) and DTensor's caches hold the mesh; and FSDP2's modules hold
+    them in reference cycles, which only the collector frees. A module the caller still holds
+    keeps its group all the same: close after letting go of it.
     """
     if dist.is_initialized():
         dist.destroy_process_group()
     for mesh in _meshes:
-        vars(mesh).get("_pg_registry", {}).clear()
+        vars(mesh).get("_pg_registry", {}).clear()  # an older torch may have none
     _meshes.clear()
     gc.collect()
 
@@ -223,11 +223,11 @@ def parallelize(model: VideoModel | FeatureModel, cfg: ParallelConfig, info: Dis
     mp = MixedPrecisionPolicy(
         param_dtype=_param_dtype(cfg, info.device), reduce_dtype=torch.float32
     )
+    mesh = init_device_mesh(info.device.type, (info.world,))
+    _meshes.append(mesh)  # for close_distributed
     # The head is one unit (RNN + classifier): a batch_first nn.LSTM sharded on its own returns a
     # transposed view, which FSDP2 warns about on every forward (an in-place op on such a view
     # would skip the pre-backward all-gather). The head's output is a fresh tensor.
-    mesh = init_device_mesh(info.device.type, (info.world,))
-    _meshes.append(mesh)  # for close_distributed
     fully_shard(model.head, mesh=mesh, mp_policy=mp)
     # The backbone's parameters belong to the root unit, the module that owns the chunk loop
     # (memory.ChunkedModel): they are gathered once per step, however many chunks and recomputes
