@@ -74,6 +74,14 @@ def _check(ok: bool, key: str, value: object, want: str) -> None:
         raise ConfigError(f"config key {key}={value!r}: {want}")
 
 
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def is_import_path(name: str) -> bool:
+    """Whether a model name is a factory's import path, ``package.module:factory``."""
+    return bool(_IMPORT_PATH.fullmatch(name)) and not name.startswith("timm:")
+
+
 def is_remote(url: str) -> bool:
     """Whether a shard URL is read through a command or a server rather than from a path."""
     return urlparse(url).scheme not in ("", "file")
@@ -170,16 +178,31 @@ class DataConfig:
 
 @dataclass
 class BackboneConfig:
-    name: str = "resnet18"  # any torchvision classification model with a final nn.Linear
+    # A torchvision classification model with a final nn.Linear (resnet18, ...), tiny_cnn,
+    # timm:NAME (pip install distseq[timm]), or your factory's import path, pkg.module:make_cnn,
+    # whose module maps float frames [N, 3, H, W] to features [N, F].
+    name: str = "resnet18"
     # A local state_dict file, or a torchvision weights entry (DEFAULT, IMAGENET1K_V1, ...) read
     # from torchvision's cache ($TORCH_HOME/hub/checkpoints); empty: random init.
     weights: str = ""
     norm: Norm = Norm.groupnorm  # BatchNorm's replacement, if any (README: why groupnorm)
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of a factory or timm
+
+    def __post_init__(self) -> None:
+        _check(
+            not self.args or ":" in self.name,
+            "model.backbone.args",
+            self.args,
+            "is for an import path or timm:NAME in model.backbone.name",
+        )
 
 
 @dataclass
 class HeadConfig:
-    kind: Temporal = Temporal.lstm  # the temporal model over the per-frame features
+    # The temporal model over the per-frame features: lstm, gru, none (a per-frame classifier),
+    # or your factory's import path, pkg.module:make_head, called as
+    # make_head(in_features=F, num_classes=K, **model.head.args).
+    kind: str = Temporal.lstm.value
     hidden: int = 128  # RNN hidden size
     layers: int = 1  # RNN layers
     dropout: float = 0.0  # between RNN layers and before the classifier
@@ -187,11 +210,26 @@ class HeadConfig:
     # 0: PyTorch's initialisation. N: chrono initialisation (Tallec and Ollivier, 2018) for
     # dependencies of up to N frames: the RNN starts out remembering, not forgetting.
     chrono_frames: int = 0
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of a factory
 
     def __post_init__(self) -> None:
+        kinds = [t.value for t in Temporal]
+        _check(
+            self.kind in kinds or is_import_path(self.kind),
+            "model.head.kind",
+            self.kind,
+            f"must be one of {kinds} or an import path, pkg.module:make_head",
+        )
+        _check(
+            not self.args or is_import_path(self.kind),
+            "model.head.args",
+            self.args,
+            "is for an import path in model.head.kind",
+        )
         _check(self.hidden >= 1, "model.head.hidden", self.hidden, "must be >= 1")
         _check(
-            self.chrono_frames == 0 or (self.chrono_frames >= 2 and self.kind is not Temporal.none),
+            self.chrono_frames == 0
+            or (self.chrono_frames >= 2 and self.kind in (Temporal.lstm.value, Temporal.gru.value)),
             "model.head.chrono_frames",
             self.chrono_frames,
             "must be 0, or >= 2 with an RNN (model.head.kind lstm or gru)",
@@ -355,6 +393,12 @@ class Config:
             "memory.tbptt_frames",
             self.memory.tbptt_frames,
             "truncated BPTT needs a causal head (model.head.bidirectional=false)",
+        )
+        _check(
+            not self.memory.tbptt_frames or not is_import_path(self.model.head.kind),
+            "memory.tbptt_frames",
+            self.memory.tbptt_frames,
+            "truncates distseq's RNN (model.head.kind lstm or gru), not a head of your own",
         )
 
 

@@ -32,3 +32,9 @@ class DataError(ValueError):
 
 class TrainingError(RuntimeError):
     """The run cannot go on (or a checkpoint cannot be read or written); the message is one line."""
+
+
+class ModelError(ValueError):
+    """A model or its input that breaks the contract of ``distseq.ChunkedModel`` (a backbone's or
+    a head's output, frames of the wrong dtype or shape); the message is one line naming the
+    shapes."""

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import Enum
 from typing import TextIO, TypeVar
 
 import torch
@@ -29,7 +30,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from distseq.config import ParallelConfig, ParallelMode, Precision
+from distseq.config import ParallelMode, Precision
 from distseq.errors import ConfigError
 from distseq.model.norms import batchnorms
 from distseq.model.video import FeatureModel, VideoModel
@@ -194,34 +195,56 @@ def close_distributed() -> None:
     gc.collect()
 
 
-def _param_dtype(cfg: ParallelConfig, device: torch.device) -> torch.dtype | None:
-    if cfg.precision is Precision.bf16 or (
-        cfg.precision is Precision.auto and device.type == "cuda"
-    ):
+def _param_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    if precision is Precision.bf16 or (precision is Precision.auto and device.type == "cuda"):
         return torch.bfloat16
     return None
 
 
-def parallelize(model: VideoModel | FeatureModel, cfg: ParallelConfig, info: DistInfo) -> nn.Module:
-    """``model`` on this rank's device, sharded or replicated across the group as ``cfg`` says.
+E = TypeVar("E", bound=Enum)
+
+
+def _choice(enum: type[E], value: E | str, name: str) -> E:
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r}: must be one of {[e.value for e in enum]}") from None
+
+
+def parallelize(
+    model: VideoModel | FeatureModel,
+    mode: ParallelMode | str = ParallelMode.fsdp,
+    precision: Precision | str = Precision.auto,
+    info: DistInfo | None = None,
+) -> nn.Module:
+    """``model`` on this rank's device, sharded (``mode="fsdp"``, FSDP2), replicated (``"ddp"``)
+    or as it is (``"none"``) across the torchrun group; as it is without one. ``precision``:
+    "auto" (bf16 on GPU, fp32 on CPU), "bf16" (FSDP2 only) or "fp32"; gradients reduce in fp32.
 
     Parameter names stay those of ``model``: FSDP2 and DDP both keep them in ``state_dict``.
+    FSDP2 shards the head as one unit and the rest, the backbone and the chunk loop, as the root:
+    the backbone's parameters are gathered once a step, however many chunks run.
     """
+    mode = _choice(ParallelMode, mode, "parallel.mode")
+    precision = _choice(Precision, precision, "parallel.precision")
+    if precision is Precision.bf16 and mode is not ParallelMode.fsdp:
+        raise ConfigError(f"parallel.precision=bf16 needs parallel.mode=fsdp, not {mode.value}")
+    info = info or init_distributed()
     model.to(info.device)
     if not dist.is_initialized():
         return model
-    if cfg.mode is ParallelMode.none:
+    if mode is ParallelMode.none:
         if info.world > 1:
             raise ConfigError(
                 f"config key parallel.mode=none: {info.world} ranks would train "
                 f"{info.world} unrelated models; use fsdp or ddp"
             )
         return model
-    if cfg.mode is ParallelMode.ddp:
+    if mode is ParallelMode.ddp:
         ids = [info.device.index] if info.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
     mp = MixedPrecisionPolicy(
-        param_dtype=_param_dtype(cfg, info.device), reduce_dtype=torch.float32
+        param_dtype=_param_dtype(precision, info.device), reduce_dtype=torch.float32
     )
     mesh = init_device_mesh(info.device.type, (info.world,))
     _meshes.append(mesh)  # for close_distributed

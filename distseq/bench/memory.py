@@ -55,7 +55,7 @@ def floor_bytes(
         feats = model.features(frames, mask)
     feats.requires_grad_(True)
     with SavedTensorBytes(exclude=model.parameters()) as head:
-        model.head(feats, mask)
+        model.temporal(feats, mask)
     plain = build_model(_model_config(backbone), CLASSES).to(frames.device)
     with SavedTensorBytes(exclude=plain.parameters()) as one_chunk:
         plain.features(frames[:, :chunk], mask[:, :chunk])

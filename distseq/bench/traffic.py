@@ -33,7 +33,7 @@ from torch import nn
 
 from distseq.bench.collectives import CollectiveCounter
 from distseq.bench.memory import bench_model
-from distseq.config import ParallelConfig, ParallelMode, Recompute
+from distseq.config import Recompute
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
 from distseq.parallel import (
@@ -120,7 +120,7 @@ def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> Recor
     model = bench_model(opts.backbone, Recompute.torch, opts.frames // chunks, info.device)
     predicted = predicted_bytes(model, mode, info.world)
     parameters = sum(p.numel() for p in model.parameters())
-    sharded = parallelize(model, ParallelConfig(mode=ParallelMode(mode)), info)
+    sharded = parallelize(model, mode, info=info)
     opt = torch.optim.AdamW(sharded.parameters())
     batch = _batch(opts, info.rank, info.device)
     _step(sharded, opt, batch, info.world)  # warm-up: allocations, the first gathers' buffers

@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_leaves
 from distseq.config import Config, to_dict
 from distseq.errors import TrainingError, first_line
 from distseq.files import write_atomic
-from distseq.model.head import RNNState
+from distseq.model.head import RNNState, map_state
 from distseq.parallel import any_rank, barrier, rank_world, say
 from distseq.units import MIB
 
@@ -144,7 +144,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _to_cpu(state: RNNState) -> RNNState:
-    return (state[0].cpu(), state[1].cpu()) if isinstance(state, tuple) else state.cpu()
+    return map_state(torch.Tensor.cpu, state)
 
 
 def _reseed(seed: int, rank: int, step: int) -> None:

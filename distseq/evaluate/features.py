@@ -75,7 +75,7 @@ class _Backbone:
             mask = torch.ones(x.shape[:2], dtype=torch.bool, device=self.device)
             parts.append(self.model.features(x.to(self.device), mask)[0].float().cpu())
             self.seconds += time.perf_counter() - start
-        return torch.cat(parts) if parts else torch.zeros((0, self.model.feature_dim))
+        return torch.cat(parts) if parts else torch.zeros((0, self.model.feature_dim or 0))
 
 
 def named_backbone(name: str, weights: str, norm: str, inputs: list[str], size: int) -> Loaded:

@@ -6,11 +6,11 @@ frames (frame rate, resize, centre crop, JPEG quality, then the training resize 
 stride), from the training shards' index.json where it can be read here, or from what is given.
 Under torchrun the inputs are split across the ranks.
 
-A causal head streams: frames go through the model a chunk at a time with the RNN state
-carried, so device memory stays that of one chunk whatever the length of the video. A
-bidirectional head cannot stream: the backbone runs a chunk at a time and keeps only the
-features, and the head then sees them all, so memory grows with T by the features (8 KB a frame
-for ResNet-50 in fp32), not by the frames.
+A causal head that carries state streams: frames go through the model a chunk at a time with the
+state carried, so device memory stays that of one chunk whatever the length of the video. A
+bidirectional head, or one that carries no state (a TCN, a transformer), cannot stream: the backbone
+runs a chunk at a time and keeps only the features, and the head then sees them all, so memory grows
+with T by the features (8 KB a frame for ResNet-50 in fp32), not by the frames.
 """
 
 from __future__ import annotations
@@ -52,28 +52,31 @@ def chunks(frames: Iterable[torch.Tensor], size: int) -> Iterator[torch.Tensor]:
 
 @torch.no_grad()
 def streamed_probabilities(
-    model: VideoModel, frames: Iterable[torch.Tensor], chunk: int, device: torch.device
+    model: VideoModel,
+    frames: Iterable[torch.Tensor],
+    chunk: int,
+    device: torch.device,
+    classes: int,
 ) -> torch.Tensor:
-    """Per-frame probabilities [T, K] (on the CPU) of one video given frame by frame."""
+    """Per-frame probabilities [T, K=classes] (on the CPU) of one video given frame by frame."""
     model.eval()
-    if model.head.bidirectional:
+    if not model.stateful or getattr(model.head, "bidirectional", False):
+        # A head that carries no state sees the whole video at once (module docstring).
         feats = [
             model.features(x.to(device), torch.ones(x.shape[:2], dtype=torch.bool, device=device))
             for x in chunks(frames, chunk)
         ]
         if not feats:
-            return torch.zeros((0, model.head.classifier.out_features))
+            return torch.zeros((0, classes))
         all_feats = torch.cat(feats, dim=1)
         mask = torch.ones(all_feats.shape[:2], dtype=torch.bool, device=device)
-        return model.head(all_feats, mask)[0].float().softmax(-1).cpu()
+        return model.temporal(all_feats, mask)[0].float().softmax(-1).cpu()
     carry = Carry()
     probs = []
     for x in chunks(frames, chunk):
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
         probs.append(model(x.to(device), mask, carry)[0].float().softmax(-1).cpu())
-    if not probs:
-        return torch.zeros((0, model.head.classifier.out_features))
-    return torch.cat(probs)
+    return torch.cat(probs) if probs else torch.zeros((0, classes))
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ def predict_videos(
     for i, (name, frames) in enumerate(videos(inputs, loaded, how)):
         if i % info.world != info.rank:
             continue
-        probs = streamed_probabilities(model, frames, chunk, info.device)
+        probs = streamed_probabilities(model, frames, chunk, info.device, len(loaded.classes))
         write_predictions(out / f"{name}.csv", probs, loaded.classes, rate)
         if ribbons:
             phases = probs.argmax(-1).tolist()

@@ -154,9 +154,7 @@ def plan_for_budget(
     )
 
     def plan_at(chunk: int) -> Plan:
-        measured = probe(model, chunked, shape, chunk)
-        agreed = Probe.from_tensor(agree(measured.as_tensor().to(device)))
-        return Plan(agreed, budget, tuple(chunked.stages))
+        return _probed_plan(model, chunked, shape, chunk, budget, agree)
 
     if how == _RECORDED:
         # Every rank reads the run's record: train.out_dir is shared by all of them.
@@ -176,6 +174,74 @@ def plan_for_budget(
             Recorded(plan.probe, plan.stages, **now).write(path)
     plan.apply(chunked)
     return plan
+
+
+def _probed_plan(
+    model: nn.Module,
+    chunked: ChunkedModel,
+    shape: RunShape,
+    chunk: int,
+    budget: int,
+    agree: Callable[[torch.Tensor], torch.Tensor],
+) -> Plan:
+    """The plan from a probe of ``model`` at ``chunk`` frames a chunk, one rank's for all."""
+    measured = probe(model, chunked, shape, chunk)
+    agreed = Probe.from_tensor(agree(measured.as_tensor().to(shape.device)))
+    return Plan(agreed, budget, tuple(chunked.stages))
+
+
+def plan_memory(
+    model: ChunkedModel,
+    budget: str | int,
+    frames: torch.Tensor,
+    classes: int,
+    *,
+    wrapped: nn.Module | None = None,
+    say: Callable[[str], None] = print,
+    agree: Callable[[torch.Tensor], torch.Tensor] = lambda measured: measured,
+) -> Plan:
+    """The least recompute for a training step of ``frames``' shape [B, T, C, H, W] to fit
+    ``budget`` ("2GB", a fraction of the GPU such as "0.5", or bytes), as ``memory.budget``
+    plans a run: ``model`` probed (``wrapped``, if given, is it under FSDP2 or DDP) on random
+    frames of that shape with cross-entropy over ``classes``, then the chunks kept whole and the
+    stages each other chunk holds chosen, at ``model.chunk_frames`` or, where even that floor does
+    not fit, a smaller chunk. Returns the plan, not yet applied: ``plan.apply(model)`` runs by
+    it, ``plan.describe(T)`` says it in one line, ``save_plan`` keeps it. Every rank of a group
+    must call this (the probe's steps are collectives under FSDP), and ``agree`` makes one
+    rank's measurements every rank's (``distseq.plan_memory`` passes rank 0's)."""
+    device = frames.device if not model.prefetch_frames else next(model.parameters()).device
+    if frames.dim() != 5:
+        raise ConfigError(f"plan_memory: frames of shape {list(frames.shape)}, not [B, T, C, H, W]")
+    b, t, c, h, w = frames.shape
+    budget = budget_bytes(budget, device) if isinstance(budget, str) else budget
+    fixed = resident_bytes(wrapped or model)
+    if fixed >= budget:
+        raise ConfigError(
+            f"plan_memory: a budget of {format_size(budget)} is below the parameters and "
+            f"optimizer state alone ({format_size(fixed)})"
+        )
+    shape = RunShape(b, (h, w), classes, t, device, model.prefetch_frames, c)
+
+    def plan_at(chunk: int) -> Plan:
+        return _probed_plan(wrapped or model, model, shape, chunk, budget, agree)
+
+    return fit(plan_at, first_chunk(model.chunk_frames, t), t, say)
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write ``plan`` as JSON (the measurements it was made from, its budget and the device
+    kind), so that a later start runs the same chunks without probing: ``load_plan``."""
+    kind = device_kind(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    Recorded(plan.probe, plan.stages, plan.budget_bytes, kind, {}).write(Path(path))
+
+
+def load_plan(path: str | Path) -> Plan:
+    """A plan that ``save_plan`` (or a run's ``plan.json``) wrote; ``plan.apply(model)`` runs by
+    it."""
+    recorded = Recorded.read(Path(path))
+    if recorded is None:
+        raise ConfigError(f"load_plan: {path} does not exist")
+    return Plan(recorded.probe, recorded.budget_bytes, recorded.stages)
 
 
 def _changes(then: dict[str, Any], now: dict[str, Any], recorded: Recorded, fixed: int) -> str:

@@ -36,9 +36,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from distseq.config import Recompute
-from distseq.errors import ConfigError
+from distseq.errors import ConfigError, ModelError
 from distseq.memory.prefetch import FramePrefetch, to_device
-from distseq.model.head import TemporalHead
+from distseq.model.backbone import frame_features
+from distseq.model.frames import Normalize
 from distseq.model.norms import batchnorms
 from distseq.model.video import VideoModel
 
@@ -122,8 +123,18 @@ def _fairscale_bn_hooks(backbone: nn.Module) -> None:
 
 
 class ChunkedModel(VideoModel):
-    """A :class:`VideoModel` whose backbone runs ``chunk_frames`` frames at a time, each chunk
-    recomputed in backward as far as its hold asks; the same modules under the same names.
+    """A video model whose backbone runs ``chunk_frames`` frames at a time, each chunk
+    recomputed in backward as far as its hold asks; the same modules under the same names, so
+    its ``state_dict`` loads into the plain model and back.
+
+    frames [B, T, C, H, W] (uint8 in [0, 255] by default; ``frames="float"`` for float) + mask
+    [B, T] bool -> logits [B, T, K]. ``backbone``: any module [N, C, H, W] -> [N, F];
+    ``head``: any module (features [B, T, F], mask [B, T]) -> [B, T, K], or, if its forward takes
+    ``state``, -> (logits, state), the state carried by a :class:`distseq.Carry` passed as the
+    third argument. ``recompute``: "torch" (non-reentrant checkpoint), "fairscale" or "none"
+    (no recompute: the plain model's memory). Gradients and BatchNorm statistics equal the plain
+    model's run in the same chunks (docs/library.md). ``feature_dim``: F, learnt from the first
+    chunk if not given. ``keep_frames``: the last N frames of a sequence keep their activations.
 
     This module owns the chunk loop, so sharding it as one unit gathers the CNN's parameters once
     per step rather than once per chunk and recompute (docs/design.md, "Communication").
@@ -132,14 +143,27 @@ class ChunkedModel(VideoModel):
     def __init__(
         self,
         backbone: nn.Module,
-        head: TemporalHead,
-        feature_dim: int,
-        chunk_frames: int,
-        recompute: Recompute,
+        head: nn.Module,
+        feature_dim: int | None = None,
+        *,
+        chunk_frames: int = 8,
+        recompute: Recompute | str = Recompute.torch,
         keep_frames: int = 0,
+        frames: str = "uint8",
+        normalize: Normalize = "imagenet",
         prefetch_frames: bool = False,
     ) -> None:
-        super().__init__(backbone, head, feature_dim)
+        super().__init__(backbone, head, feature_dim, frames=frames, normalize=normalize)
+        if recompute not in [r.value for r in Recompute]:
+            raise ModelError(
+                f"recompute={recompute!r}: must be one of {[r.value for r in Recompute]}"
+            )
+        if chunk_frames < 1 or keep_frames < 0:
+            raise ModelError(
+                f"chunk_frames={chunk_frames}, keep_frames={keep_frames}: chunk_frames must be "
+                ">= 1 and keep_frames >= 0"
+            )
+        recompute = Recompute(recompute)
         self.chunk_frames = chunk_frames
         self.recompute = recompute
         self.keep_frames = keep_frames
@@ -231,7 +255,9 @@ class ChunkedModel(VideoModel):
         prefetch = self._prefetch
         x = to_device(frames, mask.device) if prefetch is None else prefetch.take(frames)
         with self._held:
-            return VideoModel.features(self, x, mask)
+            return frame_features(
+                self.backbone, x, mask, self.input, self.mean, self.std, self.feature_dim
+            )
 
     def _chunk(self, *chunk: torch.Tensor, hold: Hold) -> torch.Tensor:
         if hold.whole or not torch.is_grad_enabled() or self.recompute is Recompute.none:
@@ -282,14 +308,28 @@ class ChunkedModel(VideoModel):
             recomputes = torch.is_grad_enabled() and self.recompute is not Recompute.none
             again = [s for s in reversed(starts) if recomputes and not holds[s // k].whole]
             self._prefetch = FramePrefetch(frames, k, mask.device, starts, again)
-        feats = []
+        feats: list[torch.Tensor | None] = []
         for i, start in enumerate(range(0, length, k)):
             chunk = frames[:, start : start + k], mask[:, start : start + k]
-            if real[i]:
-                feats.append(self._chunk(*chunk, hold=holds[i]))
-            else:
-                feats.append(mask.new_zeros((*chunk[1].shape, self.feature_dim), dtype=dtype))
-        return torch.cat(feats, dim=1)
+            feats.append(self._chunk(*chunk, hold=holds[i]) if real[i] else None)
+            if self.feature_dim is None and feats[-1] is not None:
+                self.feature_dim = feats[-1].shape[-1]
+        if self.feature_dim is None:
+            raise ModelError(
+                "no real frame in this batch (mask all False), and the backbone's feature size "
+                "is not known yet: give feature_dim"
+            )
+        return torch.cat(
+            [
+                f
+                if f is not None
+                else mask.new_zeros(
+                    (mask.shape[0], min(k, length - i * k), self.feature_dim), dtype=dtype
+                )
+                for i, f in enumerate(feats)
+            ],
+            dim=1,
+        )
 
 
 def compiled_graphs() -> int:

@@ -27,6 +27,7 @@ from distseq.memory.chunked import NOTHING, WHOLE, ChunkedModel, Hold
 from distseq.memory.measure import StepCost, measure_step, synchronize
 from distseq.memory.plan import CHUNKS, Probe
 from distseq.memory.stages import stage_starts
+from distseq.model.frames import FrameInput, frame_hw
 
 TIMINGS = 3  # timed runs of the forward, after a warm-up
 
@@ -36,13 +37,19 @@ class RunShape:
     """What a training step of the run looks like, as far as its memory and time go."""
 
     batch_size: int  # sequences per rank per micro-step
-    size: int  # frames are size x size
+    size: int | tuple[int, int]  # frames are size x size, or (H, W)
     classes: int
     window: int  # T, frames per training window
     device: torch.device
     # memory.offload=frames: the frames stay in (pinned) host memory and cost the device nothing
     # per frame.
     frames_on_host: bool = False
+    channels: int = 3
+
+    def frame_bytes(self, given: FrameInput) -> int:
+        """One frame's bytes as the model takes it (uint8: 1 a value, float: 4)."""
+        height, width = frame_hw(self.size)
+        return self.channels * height * width * (1 if given.dtype == "uint8" else 4)
 
 
 def resident_bytes(model: nn.Module) -> int:
@@ -147,8 +154,8 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
     g, device, size = torch.Generator().manual_seed(0), shape.device, shape.size
 
     def frames(t: int) -> torch.Tensor:
-        dims = (shape.batch_size, t, 3, size, size)
-        x = torch.randint(0, 256, dims, generator=g, dtype=torch.uint8)
+        dims = (shape.batch_size, t, shape.channels, *frame_hw(size))
+        x = chunked.input.random(dims, g, torch.device("cpu"))
         if shape.frames_on_host:
             return x.pin_memory() if device.type == "cuda" else x
         return x.to(device)
@@ -164,7 +171,11 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
         # Holding stages takes non-reentrant checkpoint's early stop, which fairscale has not,
         # and hooks that a compiled backbone does not run (ChunkedModel.compile_backbone).
         stages = chunked.recompute is Recompute.torch and not chunked.compiled
-        starts = stage_starts(model, chunked.backbone, size, device) if stages else []
+        starts = (
+            stage_starts(model, chunked.backbone, size, device, chunked.input, shape.channels)
+            if stages
+            else []
+        )
         chunked.hold_stages(starts)
         k = chunked.chunk_frames = chunk
         short, long = 2 * k, 4 * k
@@ -191,7 +202,8 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
         fixed_bytes=resident_bytes(model),
         # The frames are on the device before a step begins, so its peak does not count them,
         # unless they are kept in host memory.
-        per_frame_bytes=in_step + (0 if shape.frames_on_host else shape.batch_size * 3 * size**2),
+        per_frame_bytes=in_step
+        + (0 if shape.frames_on_host else shape.batch_size * shape.frame_bytes(chunked.input)),
         recompute_bytes=recomputed.peak_bytes - long * in_step,
         held_base_bytes=plain.peak_bytes - long * in_step - long * activation,
         activation_bytes=activation,

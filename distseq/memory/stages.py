@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from distseq.model.frames import UINT8_IMAGENET, FrameInput, frame_hw
+
 
 def _leaves(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """Modules with parameters of their own and no children: convolutions, norms, linears."""
@@ -23,7 +25,12 @@ def _leaves(module: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def stage_starts(
-    model: nn.Module, backbone: nn.Module, size: int, device: torch.device
+    model: nn.Module,
+    backbone: nn.Module,
+    size: int | tuple[int, int],
+    device: torch.device,
+    given: FrameInput = UINT8_IMAGENET,
+    channels: int = 3,
 ) -> list[str]:
     """The names of the modules of ``backbone`` at which its second and later stages begin, in
     forward order.
@@ -32,7 +39,7 @@ def stage_starts(
     stage's. Maps of 1x1 are left out: those are a global pool (squeeze-and-excitation, the
     classifier), not a stage. Found in one forward of ``model`` (the whole video model, wrapped
     for FSDP or DDP or not: a sharded backbone runs only inside it) on one frame of ``size``
-    pixels, in eval mode so that no BatchNorm statistic moves.
+    pixels (or H x W) as ``given`` says, in eval mode so that no BatchNorm statistic moves.
     """
     order: list[tuple[str, int]] = []  # (name, output pixels) in forward order
 
@@ -45,7 +52,7 @@ def stage_starts(
         for name, m in _leaves(backbone)
     ]
     training = model.training
-    frame = torch.zeros(1, 1, 3, size, size, dtype=torch.uint8, device=device)
+    frame = given.random((1, 1, channels, *frame_hw(size)), torch.Generator(), device)
     try:
         model.eval()
         with torch.no_grad():

@@ -1,24 +1,28 @@
-"""The per-frame CNN: a torchvision classification model with its classifier removed.
+"""The per-frame CNN: a torchvision classification model with its classifier removed, a timm
+model without its classifier (``timm:NAME``), or the module your factory returns (an import
+path); and the contract every backbone meets, frames [N, C, H, W] -> features [N, F].
 
-Its parameter names are torchvision's own (``conv1.weight``, ``layer1.0.bn1.weight``, ...), so a
-torchvision ``state_dict`` loads into it as it is.
+Parameter names are the CNN's own (``conv1.weight``, ``layer1.0.bn1.weight``, ...), so a
+torchvision or timm ``state_dict`` loads into it as it is.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 import torchvision
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
-from distseq.config import BackboneConfig, Norm
-from distseq.errors import ConfigError, first_line
+from distseq.config import BackboneConfig, Norm, is_import_path
+from distseq.errors import ConfigError, ModelError, first_line
+from distseq.model.frames import FrameInput
+from distseq.model.imported import build_imported
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+TIMM = "timm:"
 
 
 def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
@@ -84,11 +88,19 @@ def _state_from_torchvision(model: str, entry: str) -> object:
         ) from None
 
 
-def _load_weights(cnn: nn.Module, model: str, weights: str) -> None:
-    """Weights from a local state_dict file, or by the name of a torchvision weights entry."""
+def _load_weights(cnn: nn.Module, model: str, weights: str, drop: tuple[str, ...] = ()) -> None:
+    """Weights from a local state_dict file, or by the name of a torchvision weights entry;
+    keys under the prefixes ``drop`` (a classifier the backbone has not) are left out."""
     file = Path(weights)
     by_name = not file.exists() and file.suffix == "" and "/" not in weights
+    if by_name and ":" in model:
+        raise ConfigError(
+            f"config key model.backbone.weights={weights!r}: {model} takes a state_dict file"
+            + (" or 'pretrained'" if model.startswith(TIMM) else "")
+        )
     state = _state_from_torchvision(model, weights) if by_name else _state_from_file(file)
+    if isinstance(state, dict) and drop:
+        state = {k: v for k, v in state.items() if not k.startswith(drop)}
     if not isinstance(state, dict):
         raise ConfigError(
             f"model.backbone.weights {weights}: expected a state_dict, got {type(state)}"
@@ -127,19 +139,34 @@ def tiny_cnn() -> nn.Module:
     )
 
 
-def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
-    """The CNN, mapping normalised float frames [N, 3, H, W] to features [N, F], and F."""
+def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int, FrameInput]:
+    """The CNN, mapping float frames [N, 3, H, W] to features [N, F]; F; and the frames it
+    takes (ImageNet's normalisation, or a timm model's own)."""
+    frames, dim = FrameInput(), None
+    if cfg.name.startswith(TIMM):
+        cnn, frames = _timm_backbone(cfg)
+    elif is_import_path(cfg.name):
+        cnn = build_imported(cfg.name, "model.backbone.name", cfg.args)
+        if cfg.weights:
+            _load_weights(cnn, cfg.name, cfg.weights)
+    else:
+        cnn, dim = _torchvision_backbone(cfg)
+    _convert_norm(cnn, cfg.norm)  # after the weights: frozen_bn keeps their statistics
+    return cnn, dim or _feature_size(cnn, cfg.name), frames
+
+
+def _torchvision_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
     if cfg.name == TINY_CNN:
         cnn = tiny_cnn()
     elif cfg.name in torchvision.models.list_models(module=torchvision.models):
         cnn = torchvision.models.get_model(cfg.name, weights=None)
     else:
         raise ConfigError(
-            f"config key model.backbone.name={cfg.name!r}: not a torchvision model nor {TINY_CNN}"
+            f"config key model.backbone.name={cfg.name!r}: not a torchvision model nor "
+            f"{TINY_CNN}, {TIMM}NAME or an import path (pkg.module:make_cnn)"
         )
     if cfg.weights:
         _load_weights(cnn, cfg.name, cfg.weights)
-    _convert_norm(cnn, cfg.norm)  # after the weights: frozen_bn keeps their statistics
     # The classifier is the last Linear in every torchvision CNN we support; what feeds it
     # is the per-frame feature vector.
     linears = [(n, m) for n, m in cnn.named_modules() if isinstance(m, nn.Linear)]
@@ -150,32 +177,113 @@ def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
     return cnn, fc.in_features
 
 
+PRETRAINED = "pretrained"  # model.backbone.weights of a timm model: its default weights
+
+
+def _timm_backbone(cfg: BackboneConfig) -> tuple[nn.Module, FrameInput]:
+    """A timm model without its classifier (``num_classes=0``: pooled features [N, F]) and its
+    own normalisation. Weights: a state_dict file (its classifier's keys left out), or
+    ``pretrained``, timm's default weights, through the Hugging Face cache: a machine that holds
+    them never downloads them (``HF_HUB_OFFLINE=1`` to be sure)."""
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(
+            f"config key model.backbone.name={cfg.name!r}: timm is not installed; "
+            "pip install 'distseq[timm]'"
+        ) from None
+    name = cfg.name[len(TIMM) :]
+    if not timm.is_model(name):
+        raise ConfigError(f"config key model.backbone.name={cfg.name!r}: not a timm model")
+    pretrained = cfg.weights == PRETRAINED
+    try:
+        cnn = timm.create_model(name, pretrained=pretrained, num_classes=0, **cfg.args)
+    except Exception as e:  # no weights in the cache and no network, or bad args
+        what = "its pretrained weights are not in the Hugging Face cache ($HF_HOME/hub) and "
+        raise ConfigError(
+            f"config key model.backbone.{'weights' if pretrained else 'args'}: timm could not make "
+            f"{name} ({'' if not pretrained else what}{type(e).__name__}: {first_line(e)})"
+        ) from None
+    data: dict[str, Any] = dict(cnn.pretrained_cfg)  # type: ignore[arg-type]
+    if cfg.weights and not pretrained:
+        classifier = data.get("classifier") or ()
+        drop = (classifier,) if isinstance(classifier, str) else tuple(classifier)
+        _load_weights(cnn, cfg.name, cfg.weights, drop=tuple(f"{c}." for c in drop))
+    return cnn, FrameInput("uint8", tuple(data["mean"]), tuple(data["std"]))
+
+
+def _feature_size(cnn: nn.Module, name: str) -> int:
+    """F: the module's ``feature_dim`` or ``num_features`` (timm's), else measured on one frame
+    of 224 x 224 in eval mode (nothing is allocated where it was built on the meta device)."""
+    for attribute in ("feature_dim", "num_features"):
+        value = getattr(cnn, attribute, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    param = next(cnn.parameters())
+    x = torch.zeros(1, 3, 224, 224, device=param.device, dtype=param.dtype)
+    training = cnn.training
+    try:
+        cnn.eval()
+        with torch.no_grad():
+            out = cnn(x)
+    except Exception as e:
+        raise ConfigError(
+            f"config key model.backbone.name={name!r}: its module failed on one frame "
+            f"[1, 3, 224, 224] ({type(e).__name__}: {first_line(e)}); give it an int "
+            "attribute feature_dim"
+        ) from None
+    finally:
+        cnn.train(training)
+    check_features(out, 1, "model.backbone.name=" + name)
+    return int(out.shape[1])
+
+
+def check_features(feats: object, frames: int, what: str = "the backbone") -> None:
+    """Refuse, in one line naming the shape, a backbone output that is not features [N, F]."""
+    if isinstance(feats, torch.Tensor) and feats.dim() == 2 and feats.shape[0] == frames:
+        return
+    shape = list(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__
+    raise ModelError(
+        f"{what} returned {shape} for {frames} frames [N, C, H, W]: a backbone returns features "
+        "[N, F]; end a feature map [N, F, h, w] with a global pool and a flatten, e.g. "
+        "nn.Sequential(cnn, nn.AdaptiveAvgPool2d(1), nn.Flatten())"
+    )
+
+
 def frame_features(
     cnn: nn.Module,
     frames: torch.Tensor,
     mask: torch.Tensor,
-    mean: torch.Tensor,
-    std: torch.Tensor,
-    feature_dim: int,
+    given: FrameInput,
+    mean: torch.Tensor | None,
+    std: torch.Tensor | None,
+    feature_dim: int | None,
 ) -> torch.Tensor:
-    """uint8 frames [B, T, 3, H, W] + mask [B, T] -> features [B, T, F], zero where masked out.
+    """Frames [B, T, C, H, W] (as ``given`` says) + mask [B, T] -> features [B, T, F], zero where
+    masked out.
 
     Only masked-in frames go through the CNN: padding costs no compute and never reaches
-    BatchNorm statistics. Normalising here, per call, keeps the whole sequence in memory as
-    uint8 (4x smaller than float).
+    BatchNorm statistics. Scaling and normalising here, per call, keeps the whole sequence in
+    memory as it came (uint8: 4x smaller than float).
     """
     # Under a mixed-precision policy the parameters seen here are already the low-precision
     # copies, so this is the compute dtype whatever wraps the model.
     dtype = next(cnn.parameters()).dtype
     if not bool(mask.any()):
+        if feature_dim is None:
+            raise ModelError(
+                "no real frame in this batch (mask all False), and the backbone's feature size "
+                "is not known yet: give feature_dim"
+            )
         return frames.new_zeros((*mask.shape, feature_dim), dtype=dtype)
-    x = ((frames[mask].float().div_(255.0) - mean) / std).to(dtype)
+    x = given.to_cnn(frames[mask], mean, std, dtype)
     # How many frames a call gets varies (a sequence's last chunk, padding): a compiled CNN
     # (model.compile) takes their number as a dynamic size from its first call rather than after
     # a second graph, and keeps its parameters' shapes static (marked dynamic too, FSDP2's
     # gathered views took sympy minutes to trace). A mark on a tensor; nothing in eager mode.
     torch._dynamo.maybe_mark_dynamic(x, 0)
     feats = cnn(x)
+    check_features(feats, x.shape[0])
     out = feats.new_zeros((*mask.shape, feats.shape[-1]))
     out[mask] = feats
     return out

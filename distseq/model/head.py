@@ -1,46 +1,118 @@
-"""The temporal head: features [B, T, F] -> LSTM/GRU (or nothing) -> per-frame logits [B, T, K]."""
+"""The temporal head: features [B, T, F] -> LSTM/GRU (or nothing) -> per-frame logits [B, T, K];
+the contract every head meets (``head_logits``), and the state a stateful one carries."""
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from distseq.config import HeadConfig, Temporal
+from distseq.errors import ModelError
 
-RNNState = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # GRU: h; LSTM: (h, c)
+# What a stateful head carries from one window to the next: a tensor, or a tuple of them (an
+# LSTM's (h, c)), each with the batch in dim 1 as torch's RNNs keep it: [layers, B, hidden].
+RNNState = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def map_state(fn: Callable[[torch.Tensor], torch.Tensor], state: RNNState) -> RNNState:
+    """``fn`` applied to each tensor of ``state``, its structure kept."""
+    return tuple(fn(t) for t in state) if isinstance(state, tuple) else fn(state)
 
 
 def detach_state(state: RNNState, dtype: torch.dtype | None = None) -> RNNState:
-    if isinstance(state, tuple):
-        return (state[0].detach().to(dtype), state[1].detach().to(dtype))
-    return state.detach().to(dtype)
+    return map_state(lambda t: t.detach().to(dtype), state)
+
+
+def is_stateful(head: nn.Module) -> bool:
+    """Whether ``head`` carries state: its ``forward`` takes a parameter named ``state``
+    (``forward(features, mask, state) -> (logits, state)``)."""
+    return "state" in inspect.signature(head.forward).parameters
 
 
 class Carry:
-    """The RNN state that one window of a video hands to the next (``data.ordered``).
+    """The state that one window of a video hands to the next (``data.ordered``, or windows of a
+    video in a loop of your own).
 
-    The head starts from ``state`` and replaces it with its state after the window, detached:
-    the gradient stops at window boundaries, and memory stays that of one window. Rows are the
-    batch's lanes; :meth:`reset` zeroes the rows where a new video starts. A row that ends in
-    padding ends its video, so the state it hands on is always reset before use.
+    A stateful head starts from ``state`` and it is replaced by the head's state after the
+    window, detached: the gradient stops at window boundaries, and memory stays that of one
+    window. Rows are the batch's lanes; :meth:`reset` zeroes the rows where a new video starts.
+    A row that ends in padding ends its video, so the state it hands on is always reset before
+    use.
     """
 
     def __init__(self) -> None:
         self.state: RNNState | None = None
 
     def reset(self, starts: torch.Tensor) -> None:
+        """Zero the state of the rows where ``starts`` [B] is True (a new video begins)."""
         if self.state is None:
             return
-        parts = self.state if isinstance(self.state, tuple) else (self.state,)
-        if parts[0].shape[1] != starts.shape[0]:
-            raise ValueError(f"carried state has {parts[0].shape[1]} rows, batch {len(starts)}")
-        keep = (~starts).to(parts[0].dtype)[None, :, None]  # over [layers, B, hidden]
-        kept = tuple(p * keep for p in parts)
-        self.state = (kept[0], kept[1]) if len(kept) == 2 else kept[0]
+        first = self.state[0] if isinstance(self.state, tuple) else self.state
+        if first.dim() < 2 or first.shape[1] != starts.shape[0]:
+            raise ModelError(
+                f"carried state of shape {list(first.shape)} for a batch of {len(starts)}: a "
+                "head's state keeps the batch in dim 1, as torch's RNNs do ([layers, B, hidden])"
+            )
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            rows = (~starts).to(t.dtype).view(1, -1, *([1] * (t.dim() - 2)))
+            return t * rows
+
+        self.state = map_state(keep, self.state)
+
+
+def head_logits(
+    head: nn.Module,
+    stateful: bool,
+    feats: torch.Tensor,
+    mask: torch.Tensor,
+    carry: Carry | None,
+) -> torch.Tensor:
+    """``head`` over features [B, T, F]: logits [B, T, K], checked. A stateful head starts from
+    ``carry``'s state (None: its own start) and leaves its state after in ``carry``, detached."""
+    if stateful:
+        # Mixed precision runs the head in the features' dtype; a carried state may be fp32.
+        state = None if carry is None or carry.state is None else detach_state(carry.state)
+        if state is not None and feats.is_floating_point():
+            state = map_state(lambda t: t.to(feats.dtype) if t.is_floating_point() else t, state)
+        out = head(feats, mask, state)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ModelError(
+                f"the head's forward takes state, so it must return (logits, state); it "
+                f"returned {_described(out)}"
+            )
+        logits, after = out
+        if carry is not None:
+            carry.state = None if after is None else detach_state(after)
+    else:
+        if carry is not None:
+            raise ModelError(
+                "a Carry was given, but the head carries no state: its forward takes no "
+                "parameter named state"
+            )
+        logits = head(feats, mask)
+    b, t = feats.shape[:2]
+    if not (isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[:2] == (b, t)):
+        raise ModelError(
+            f"the head returned {_described(logits)} for features of shape {list(feats.shape)}: "
+            f"a temporal head returns logits [B, T, K] = [{b}, {t}, K]"
+        )
+    return logits
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 class TemporalHead(nn.Module):
-    """features [B, T, F] -> logits [B, T, K]; causal unless the RNN is bidirectional."""
+    """features [B, T, F] -> logits [B, T, K] through an LSTM, a GRU or nothing; causal unless
+    the RNN is bidirectional. Stateful: the causal RNN's state is carried (:class:`Carry`)."""
 
     def __init__(self, rnn: nn.LSTM | nn.GRU | None, classifier: nn.Linear, dropout: float) -> None:
         super().__init__()
@@ -57,30 +129,25 @@ class TemporalHead(nn.Module):
         assert self.rnn is not None
         return self.rnn(x, state)
 
-    def _run_rnn(self, x: torch.Tensor, mask: torch.Tensor, carry: Carry | None) -> torch.Tensor:
-        assert self.rnn is not None
-        if self.bidirectional:
+    def forward(
+        self, feats: torch.Tensor, mask: torch.Tensor, state: RNNState | None = None
+    ) -> tuple[torch.Tensor, RNNState | None]:
+        after: RNNState | None = None
+        if self.rnn is None:
+            x = feats
+        elif self.bidirectional:
             # The backward direction must start at each sequence's last real frame, not at padding.
             lengths = mask.sum(1).clamp(min=1).cpu()
             packed = nn.utils.rnn.pack_padded_sequence(
-                x, lengths, batch_first=True, enforce_sorted=False
+                feats, lengths, batch_first=True, enforce_sorted=False
             )
             out, _ = self.rnn(packed)
-            return nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[
-                0
-            ]
-        # Mixed precision runs the RNN in the parameters' dtype; a carried state may be fp32.
-        state = None if carry is None or carry.state is None else detach_state(carry.state, x.dtype)
-        out, after = self.run_causal(x, state)
-        if carry is not None:
-            carry.state = detach_state(after)
-        return out
-
-    def forward(
-        self, feats: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
-    ) -> torch.Tensor:
-        x = feats if self.rnn is None else self._run_rnn(feats, mask, carry)
-        return self.classifier(self.dropout(x))
+            x = nn.utils.rnn.pad_packed_sequence(
+                out, batch_first=True, total_length=feats.shape[1]
+            )[0]
+        else:
+            x, after = self.run_causal(feats, state)
+        return self.classifier(self.dropout(x)), after
 
 
 def build_head(in_dim: int, cfg: HeadConfig, num_classes: int) -> TemporalHead:

@@ -1,6 +1,7 @@
 """The whole network: a CNN per frame, then the temporal head. Its state-dict keys are canonical.
 
-The model knows nothing about chunking, checkpointing or sharding. ``distseq.memory`` subclasses
+Any per-frame module and any temporal module fit (the contract is :class:`VideoModel`'s). The
+model knows nothing about chunking, checkpointing or sharding. ``distseq.memory`` subclasses
 it to run the backbone over time in chunks and ``distseq.parallel`` shards it, neither renaming
 a parameter: the keys of a trained model, an exported file and a plain :func:`build_model` are
 the same (``backbone.conv1.weight``, ``head.rnn.weight_ih_l0``, ``head.classifier.weight``).
@@ -13,36 +14,61 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from distseq.config import ModelConfig
-from distseq.model.backbone import IMAGENET_MEAN, IMAGENET_STD, build_backbone, frame_features
-from distseq.model.head import Carry, TemporalHead, build_head
+from distseq.config import ModelConfig, is_import_path
+from distseq.model.backbone import build_backbone, frame_features
+from distseq.model.frames import FrameInput, Normalize
+from distseq.model.head import Carry, build_head, head_logits, is_stateful
+from distseq.model.imported import build_imported
 
 
 class VideoModel(nn.Module):
-    """uint8 frames [B, T, 3, H, W] + mask [B, T] -> logits [B, T, K]."""
+    """Frames [B, T, C, H, W] + mask [B, T] -> logits [B, T, K]: ``backbone`` on every real frame
+    ([N, C, H, W] -> [N, F]), then ``head`` over the sequence ((features [B, T, F], mask [B, T])
+    -> [B, T, K]; a head whose forward takes ``state`` returns (logits, state) and carries it in
+    a :class:`Carry`). ``frames`` and ``normalize`` say what the frames are (model.frames)."""
 
-    mean: torch.Tensor
-    std: torch.Tensor
+    mean: torch.Tensor | None
+    std: torch.Tensor | None
 
-    def __init__(self, backbone: nn.Module, head: TemporalHead, feature_dim: int) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head: nn.Module,
+        feature_dim: int | None = None,
+        *,
+        frames: str = "uint8",
+        normalize: Normalize = "imagenet",
+    ) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
-        self.feature_dim = feature_dim
+        self.feature_dim = feature_dim  # None: learnt from the first frames the backbone sees
+        self.stateful = is_stateful(head)
+        self.input = FrameInput.of(frames, normalize)
         device = next(backbone.parameters()).device
-        mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
+        mean, std = self.input.buffers(device)
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
 
     def features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-frame features [B, T, F]: the backbone over every real frame."""
-        return frame_features(self.backbone, frames, mask, self.mean, self.std, self.feature_dim)
+        feats = frame_features(
+            self.backbone, frames, mask, self.input, self.mean, self.std, self.feature_dim
+        )
+        self.feature_dim = feats.shape[-1]
+        return feats
+
+    def temporal(
+        self, feats: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
+    ) -> torch.Tensor:
+        """The head over features [B, T, F]: logits [B, T, K], checked."""
+        return head_logits(self.head, self.stateful, feats, mask, carry)
 
     def forward(
         self, frames: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
     ) -> torch.Tensor:
-        return self.head(self.features(frames, mask), mask, carry)
+        self.input.check(frames, mask)
+        return self.temporal(self.features(frames, mask), mask, carry)
 
 
 class FeatureModel(nn.Module):
@@ -50,20 +76,26 @@ class FeatureModel(nn.Module):
     features [B, T, F] (float16 as stored) + mask [B, T] -> logits [B, T, K]. Its keys are the
     head's of a :class:`VideoModel` (``head.*``), so a warm start moves them either way."""
 
-    def __init__(self, head: TemporalHead, feature_dim: int) -> None:
+    def __init__(self, head: nn.Module, feature_dim: int) -> None:
         super().__init__()
         self.head = head
         self.feature_dim = feature_dim
+        self.stateful = is_stateful(head)
 
     def features(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The stored features in the head's dtype, zero where masked out (as a backbone's)."""
         dtype = next(self.head.parameters()).dtype
         return features.to(dtype).masked_fill(~mask[..., None], 0)
 
+    def temporal(
+        self, feats: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
+    ) -> torch.Tensor:
+        return head_logits(self.head, self.stateful, feats, mask, carry)
+
     def forward(
         self, features: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
     ) -> torch.Tensor:
-        return self.head(self.features(features, mask), mask, carry)
+        return self.temporal(self.features(features, mask), mask, carry)
 
 
 def feature_size(cfg: ModelConfig) -> int:
@@ -73,13 +105,28 @@ def feature_size(cfg: ModelConfig) -> int:
         return build_backbone(replace(cfg.backbone, weights=""))[1]
 
 
+def _head(in_dim: int, cfg: ModelConfig, num_classes: int) -> nn.Module:
+    """distseq's head, or the one ``model.head.kind``'s factory makes."""
+    if not is_import_path(cfg.head.kind):
+        return build_head(in_dim, cfg.head, num_classes)
+    return build_imported(
+        cfg.head.kind, "model.head.kind", cfg.head.args, in_features=in_dim, num_classes=num_classes
+    )
+
+
 def build_feature_model(cfg: ModelConfig, num_classes: int) -> FeatureModel:
     """The head of the model ``cfg`` describes, over the features its backbone makes
     (data.features)."""
     dim = feature_size(cfg)
-    return FeatureModel(build_head(dim, cfg.head, num_classes), dim)
+    return FeatureModel(_head(dim, cfg, num_classes), dim)
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> VideoModel:
-    backbone, feature_dim = build_backbone(cfg.backbone)
-    return VideoModel(backbone, build_head(feature_dim, cfg.head, num_classes), feature_dim)
+    backbone, feature_dim, given = build_backbone(cfg.backbone)
+    return VideoModel(
+        backbone,
+        _head(feature_dim, cfg, num_classes),
+        feature_dim,
+        frames=given.dtype,
+        normalize=given.normalize,
+    )

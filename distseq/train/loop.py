@@ -38,7 +38,7 @@ from distseq.files import write_atomic
 from distseq.memory.budget import plan_for_budget
 from distseq.memory.chunked import compiled_graphs
 from distseq.memory.policy import apply_memory_policy
-from distseq.model.head import Carry
+from distseq.model.head import Carry, map_state
 from distseq.model.video import FeatureModel, VideoModel, build_feature_model, build_model
 from distseq.parallel import (
     DistInfo,
@@ -180,12 +180,12 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     elif cfg.train.init_from:
         say(f"train.init_from not loaded: resuming from {latest}")
     if isinstance(plain, FeatureModel):  # no backbone: nothing to chunk, compile or plan
-        model = parallelize(plain, cfg.parallel, info)
+        model = parallelize(plain, cfg.parallel.mode, cfg.parallel.precision, info)
     else:
         chunked = apply_memory_policy(plain, cfg.memory)
         if cfg.model.compile:  # before planning: the plan measures the compiled backbone
             chunked.compile_backbone(cfg.model.compile_backend)
-        model = parallelize(chunked, cfg.parallel, info)
+        model = parallelize(chunked, cfg.parallel.mode, cfg.parallel.precision, info)
         if cfg.memory.budget:
             classes = manifest.num_classes
             plan_for_budget(
@@ -234,11 +234,7 @@ def _carries(cfg: Config, saved: RankState, device: torch.device) -> dict[int, C
     carries = {}
     for worker, state in saved.carries.items():
         carries[worker] = carry = Carry()
-        carry.state = (
-            (state[0].to(device), state[1].to(device))
-            if isinstance(state, tuple)
-            else state.to(device)
-        )
+        carry.state = map_state(lambda t: t.to(device), state)
     return carries
 
 

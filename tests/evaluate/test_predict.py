@@ -39,7 +39,7 @@ def whole(model: torch.nn.Module, frames: torch.Tensor) -> torch.Tensor:
 def test_streaming_equals_the_whole_video(bidirectional: bool) -> None:
     model = tiny_model(bidirectional=bidirectional)
     frames = random_batch(1, 13).frames  # 13 frames in chunks of 4: the last one is short
-    streamed = streamed_probabilities(model, iter(frames[0]), chunk=4, device=CPU)
+    streamed = streamed_probabilities(model, iter(frames[0]), chunk=4, device=CPU, classes=3)
     torch.testing.assert_close(streamed, whole(model, frames), rtol=1e-5, atol=1e-6)
 
 
@@ -49,7 +49,7 @@ def test_streaming_memory_is_flat_in_the_length() -> None:
 
     def peak(length: int) -> int:
         frames = (frame for _ in range(length))  # made on the way, as a decoder would
-        return peak_memory(lambda: streamed_probabilities(model, frames, 8, CPU), CPU)
+        return peak_memory(lambda: streamed_probabilities(model, frames, 8, CPU, 3), CPU)
 
     short, long = peak(32), peak(128)
     # What grows is the probabilities kept, 3 floats a frame: 96 frames more, 1152 bytes.

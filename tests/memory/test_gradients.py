@@ -144,7 +144,7 @@ def test_guard_catches_reentrant_checkpoint_dropping_cnn_grads() -> None:
     batch = random_batch(1, 4)
     with pytest.warns(UserWarning):
         feats = checkpoint(model.features, batch.frames, batch.mask, use_reentrant=True)
-    model.head(feats, batch.mask).sum().backward()
+    model.temporal(feats, batch.mask).sum().backward()
     with pytest.raises(TrainingError, match="got no gradient"):
         check_every_parameter_has_grad(model)
 

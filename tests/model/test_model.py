@@ -11,7 +11,7 @@ import torchvision
 from torch import nn
 
 from conftest import random_batch, tiny_model
-from distseq.config import BackboneConfig, HeadConfig, Norm, Temporal
+from distseq.config import BackboneConfig, HeadConfig, Norm
 from distseq.errors import ConfigError
 from distseq.model.backbone import build_backbone
 from distseq.model.head import Carry, build_head
@@ -36,7 +36,7 @@ def test_local_weights_are_loaded_and_nothing_is_fetched(tmp_path: Path) -> None
     reference = torchvision.models.resnet18()
     path = tmp_path / "resnet18.pth"
     torch.save(reference.state_dict(), path)
-    cnn, dim = build_backbone(
+    cnn, dim, _ = build_backbone(
         BackboneConfig(name="resnet18", weights=str(path), norm=Norm.frozen_bn)
     )
     assert dim == 512 and torch.equal(cnn.conv1.weight, reference.conv1.weight)
@@ -82,8 +82,9 @@ def test_padding_does_not_leak_into_real_frames(bidirectional: bool) -> None:
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_carried_state_continues_the_sequence_and_stops_the_gradient(kind: str) -> None:
     torch.manual_seed(0)
-    head = tiny_model(kind=kind, layers=2).head
-    feats = torch.randn(2, 12, head.rnn.input_size, requires_grad=True)  # type: ignore[union-attr]
+    model = tiny_model(kind=kind, layers=2)
+    head = model.temporal  # the head as the model runs it, the carried state included
+    feats = torch.randn(2, 12, model.feature_dim, requires_grad=True)  # type: ignore[arg-type]
     mask = torch.ones(2, 12, dtype=torch.bool)
     whole = head(feats, mask)
 
@@ -122,7 +123,9 @@ def test_weights_by_torchvision_name_come_from_its_cache(
     cache.mkdir(parents=True)
     torch.save(reference.state_dict(), cache / "resnet18-f37072fd.pth")
     for entry in ("IMAGENET1K_V1", "DEFAULT"):
-        cnn, _ = build_backbone(BackboneConfig(name="resnet18", weights=entry, norm=Norm.frozen_bn))
+        cnn, _, _ = build_backbone(
+            BackboneConfig(name="resnet18", weights=entry, norm=Norm.frozen_bn)
+        )
         assert torch.equal(cnn.conv1.weight, reference.conv1.weight)
         # The norm policy applies after the weights: frozen BN keeps their statistics.
         assert torch.equal(cnn.bn1.running_mean, reference.bn1.running_mean)
@@ -149,7 +152,7 @@ def test_weights_that_cannot_be_fetched_are_one_line(
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_chrono_initialisation_opens_the_keep_gate(kind: str) -> None:
     torch.manual_seed(0)
-    head = build_head(8, HeadConfig(kind=Temporal(kind), hidden=64, chrono_frames=300), 2)
+    head = build_head(8, HeadConfig(kind=kind, hidden=64, chrono_frames=300), 2)
     assert head.rnn is not None
     h = 64
     keep = head.rnn.bias_ih_l0[h : 2 * h] + head.rnn.bias_hh_l0[h : 2 * h]
@@ -162,7 +165,7 @@ def test_chrono_initialisation_opens_the_keep_gate(kind: str) -> None:
     trace = {}
     for chrono in (0, 300):
         torch.manual_seed(0)
-        rnn = build_head(8, HeadConfig(kind=Temporal(kind), hidden=h, chrono_frames=chrono), 2).rnn
+        rnn = build_head(8, HeadConfig(kind=kind, hidden=h, chrono_frames=chrono), 2).rnn
         assert rnn is not None
         x = torch.zeros(1, 101, 8)
         x[0, 0] = 3.0
@@ -174,7 +177,7 @@ def test_chrono_initialisation_opens_the_keep_gate(kind: str) -> None:
 
 def test_chrono_needs_an_rnn() -> None:
     with pytest.raises(ConfigError, match=r"model\.head\.chrono_frames"):
-        HeadConfig(kind=Temporal.none, chrono_frames=300)
+        HeadConfig(kind="none", chrono_frames=300)
 
 
 def test_the_tiny_cnn_has_no_torchvision_weights() -> None:

@@ -10,7 +10,6 @@ from torch.distributed.fsdp import fully_shard
 
 from conftest import random_batch, report, tiny_model
 from distseq.bench.collectives import CollectiveCounter
-from distseq.config import ParallelConfig
 from distseq.memory.chunked import Hold
 from distseq.memory.stages import stage_starts
 from distseq.parallel import DistInfo, close_distributed, init_distributed, parallelize
@@ -31,7 +30,7 @@ def one_step(
     if per_stage:  # the wrapping docs/design.md warns about: units inside the chunk loop
         for stage in ("layer1", "layer2", "layer3", "layer4"):
             fully_shard(model.backbone.get_submodule(stage))
-    sharded = parallelize(model, ParallelConfig(), info)
+    sharded = parallelize(model, info=info)
     opt = torch.optim.AdamW(sharded.parameters())
     with CollectiveCounter() as counter:
         train_step(sharded, opt, [batch], info.world)

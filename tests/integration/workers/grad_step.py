@@ -55,7 +55,7 @@ def steps(mode: str, accum: int, holding: str, info: DistInfo) -> None:
     elif holding == "stages":
         chunked.hold_stages(stage_starts(chunked, chunked.backbone, 32, torch.device("cpu")))
         chunked.plan = lambda frames: [Hold(1), Hold(2), Hold(3)]
-    model = parallelize(chunked, cfg, info)
+    model = parallelize(chunked, cfg.mode, cfg.precision, info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     glob = global_batch()
     per_rank = 4 // info.world
