@@ -149,7 +149,7 @@ def launch_torchrun(
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), str(REPO / "examples")]),
         # A restarted group must not share the store of the group it replaces: there it can
         # read the dead ranks' gloo addresses and fail or hang connecting (pytorch#135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",

@@ -216,10 +216,17 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
 
 def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
     """The plain model; on feature shards its head alone, over features of the manifest's size."""
+    model: VideoModel | FeatureModel
     if not cfg.data.features:
-        return build_model(cfg.model, manifest.num_classes)
-    model = build_feature_model(cfg.model, manifest.num_classes)
-    if model.feature_dim != manifest.features:
+        model = build_model(cfg.model, manifest.num_classes)
+    else:
+        model = build_feature_model(cfg.model, manifest.num_classes)
+    if cfg.data.ordered and not model.stateful:
+        raise ConfigError(
+            f"config key data.ordered: carries a head's state across windows, and "
+            f"model.head.kind={cfg.model.head.kind} carries none (its forward takes no state)"
+        )
+    if cfg.data.features and model.feature_dim != manifest.features:
         raise ConfigError(
             f"config key model.backbone.name={cfg.model.backbone.name}: makes "
             f"{model.feature_dim} features a frame, but {manifest.path} holds {manifest.features}: "

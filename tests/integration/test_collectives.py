@@ -17,3 +17,7 @@ def test_collectives_flat_in_number_of_chunks(tmp_path: Path) -> None:
         # The measurement can see growth: units inside the chunk loop re-gather per chunk.
         grown = rank["per_stage k=T/8"]["counts"]["all_gather"]
         assert grown > rank["per_stage k=T"]["counts"]["all_gather"], rank
+        # A user's model through distseq.ChunkedModel and distseq.parallelize: flat too.
+        user, user8 = rank["user k=T"], rank["user k=T/8"]
+        assert user["counts"] == user8["counts"] and user["bytes"] == user8["bytes"]
+        assert user["counts"]["all_gather"] > 0 and user["counts"]["reduce_scatter"] > 0

@@ -1,0 +1,97 @@
+"""The examples run as a user runs them, at small sizes, and do what they claim (docs/library.md):
+exact gradients and a lower peak than plain autograd; FSDP2 on 2 ranks equal to one process; a
+head of one's own trained and scored by the command line through its import path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, launch_torchrun
+
+EXAMPLES = REPO / "examples"
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}:{EXAMPLES}"}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
+
+
+def test_own_model_has_plain_autograd_s_gradients_in_less_memory(tmp_path: Path) -> None:
+    small = ["--frames", "48", "--size", "32", "--chunk", "8", "--steps", "2", "--check"]
+    proc = run(str(EXAMPLES / "own_model.py"), *small, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = re.findall(r"step \d: loss ([\d.]+)", proc.stdout)
+    assert len(losses) == 2
+    peaks = re.search(r"chunked ([\d.]+) MiB, plain ([\d.]+) MiB", proc.stdout)
+    error = re.search(r"largest relative gradient difference: (\S+)", proc.stdout)
+    assert peaks and error, proc.stdout
+    assert float(peaks[1]) < float(peaks[2]) / 2, proc.stdout
+    assert float(error[1]) < 1e-5
+
+
+def test_fsdp_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
+    small = ["--videos", "2", "--frames", "24", "--size", "32", "--chunk", "8", "--steps", "3"]
+    script = EXAMPLES / "fsdp_torchrun.py"
+    alone = run(str(script), *small, cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    ranks = launch_torchrun(script, 2, tmp_path, *small)
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
+
+    def losses(out: str) -> list[float]:
+        return [float(x) for x in re.findall(r"step \d: loss ([\d.]+)", out)]
+
+    one, two = losses(alone.stdout), losses(ranks.stdout)
+    assert len(one) == len(two) == 3
+    assert one[0] != one[2]  # it trained
+    for a, b in zip(one, two, strict=True):
+        assert abs(a - b) < 1e-5, (one, two)
+
+
+def test_a_head_of_one_s_own_trains_and_is_scored_through_its_import_path(
+    tmp_path: Path, shards: Path
+) -> None:
+    out = tmp_path / "tcn"
+    overrides = [
+        f"data.train={shards}/train-{{000000..000003}}.tar",
+        f"data.val={shards}/val-{{000000..000001}}.tar",
+        "data.window=8",
+        "data.size=32",
+        "data.batch_size=2",
+        "data.num_workers=0",
+        "memory.chunk_frames=4",
+        "model.head.args.layers=3",
+        "train.steps=3",
+        "train.log_every=1",
+        f"train.out_dir={out}",
+    ]
+    train = run("-m", "distseq", "train", str(EXAMPLES / "tcn.yaml"), *overrides, cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("val_accuracy" in r for r in records)
+    scored = run("-m", "distseq", "eval", str(out), "--json", cwd=tmp_path)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert "accuracy" in json.dumps(json.loads(scored.stdout))
+
+    # A head without state cannot carry it across windows: one line, before any training.
+    ordered = run(
+        "-m",
+        "distseq",
+        "train",
+        str(EXAMPLES / "tcn.yaml"),
+        *overrides,
+        "data.ordered=true",
+        f"train.out_dir={tmp_path / 'ordered'}",
+        cwd=tmp_path,
+    )
+    assert ordered.returncode == 2
+    assert ordered.stderr.strip().splitlines()[-1] == (
+        "distseq: error: config key data.ordered: carries a head's state across windows, and "
+        "model.head.kind=tcn_head:make_head carries none (its forward takes no state)"
+    )
