@@ -10,12 +10,12 @@ from torch.distributed.fsdp import fully_shard
 
 import distseq
 from conftest import random_batch, report, tiny_model
-from own_model import LSTMHead, small_cnn
 from distseq.bench.collectives import CollectiveCounter
 from distseq.memory.chunked import Hold
 from distseq.memory.stages import stage_starts
 from distseq.parallel import DistInfo, close_distributed, init_distributed, parallelize
 from distseq.train.step import clip_grad_norm, train_step
+from own_model import LSTMHead, small_cnn
 
 T = 16
 
