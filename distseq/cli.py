@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from distseq.errors import ConfigError, DataError, TrainingError
+from distseq.errors import ConfigError, DataError, ModelError, TrainingError
 from distseq.launch.agent import agent_gone, exit_orphaned, exit_with_agent
 from distseq.train.signals import StoppedAtStart
 
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         args.run(args)
-    except ConfigError as e:
+    except (ConfigError, ModelError) as e:
         return _failed(str(e), EXIT_CONFIG)
     except (DataError, TrainingError) as e:
         return _failed(str(e), EXIT_FAILURE)
