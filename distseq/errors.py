@@ -1,6 +1,7 @@
 """The errors users cause, each printed by the command line as one line, and that one line.
 
-``ConfigError`` and ``ModelError`` exit with code 2, ``DataError`` and ``TrainingError`` with code 1 (``cli.py``).
+``ConfigError`` and ``ModelError`` exit with code 2, ``DataError`` and ``TrainingError`` with
+code 1 (``cli.py``).
 """
 
 from __future__ import annotations
