@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from distseq.errors import ConfigError, first_line
@@ -455,6 +455,17 @@ def _rename_old_keys(conf: DictConfig, where: str, quiet: bool) -> None:
             print(f"distseq: {where}: config key {old} is now {new}", file=sys.stderr, flush=True)
 
 
+# List keys that also take one value, read as a list of one (train.init_from=runs/a).
+_ONE_OR_MORE = ("train.init_from",)
+
+
+def _one_as_list(conf: DictConfig) -> None:
+    for key in _ONE_OR_MORE:
+        value = OmegaConf.select(conf, key)
+        if value is not None and not isinstance(value, ListConfig):
+            OmegaConf.update(conf, key, [value], merge=False)
+
+
 def _dotlist(overrides: list[str]) -> list[str]:
     """Overrides as OmegaConf reads them; ``key=`` means the empty string, not null."""
     for item in overrides:
@@ -495,12 +506,14 @@ def load_config(
         if not isinstance(loaded, DictConfig):
             raise ConfigError(f"config file {path}: expected a mapping of keys")
         _rename_old_keys(loaded, str(path), quiet)
+        _one_as_list(loaded)
         conf = loaded
     try:
         given = OmegaConf.from_dotlist(_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         raise ConfigError(f"overrides: {first_line(getattr(e, 'msg', e))}") from None
     _rename_old_keys(given, "overrides", quiet)
+    _one_as_list(given)
     return _structured(OmegaConf.merge(conf, given))  # type: ignore[arg-type]
 
 

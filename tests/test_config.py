@@ -79,3 +79,21 @@ def test_the_shipped_configs_load(name: str, capsys: pytest.CaptureFixture[str])
     cfg = load_config(REPO / name, ["data.train=shards/train-000000.tar"])
     assert cfg.data.window > 1
     assert capsys.readouterr().err == ""  # no renamed key in them
+
+
+def test_one_init_from_value_is_a_list_of_one(tmp_path: Path) -> None:
+    # The README writes train.init_from=RUN; it used to fail with OmegaConf's "AnyNode is not a
+    # ListConfig".
+    run, other = tmp_path / "run", tmp_path / "other"
+    run.mkdir()
+    other.mkdir()
+    assert load_config(None, [f"train.init_from={run}"]).train.init_from == [str(run)]
+    one = load_config(None, [f"train.init_from={run}:backbone"]).train.init_from
+    assert one == [f"{run}:backbone"]
+    both = load_config(None, [f"train.init_from=[{run},{other}:head]"]).train.init_from
+    assert both == [str(run), f"{other}:head"]
+    path = tmp_path / "c.yaml"
+    path.write_text(f"train:\n  init_from: {run}\n")
+    assert load_config(path).train.init_from == [str(run)]
+    path.write_text(f"train:\n  init_from: [{run}, {other}]\n")
+    assert load_config(path).train.init_from == [str(run), str(other)]

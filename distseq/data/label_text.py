@@ -54,11 +54,18 @@ def is_number(text: str) -> bool:
 
 def frame_labels(path: Path) -> dict[int, str]:
     """A per-frame label file in any layout of the module docstring: label by frame number."""
+    return labelled_frames(path)[0]
+
+
+def labelled_frames(path: Path) -> tuple[dict[int, str], bool]:
+    """:func:`frame_labels`, and whether the file numbers its frames (a CSV, ``Frame<TAB>Phase``
+    rows) or only lists them in order (MS-TCN's layouts), where its n labels are frames 0..n-1
+    only by convention: a file cut short cannot be told from one at another rate."""
     text = read_text(path)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if first.startswith(MSTCN_HEADER):
         body = text.split("\n", 1)[1] if "\n" in text else ""
-        return dict(enumerate(body.split()))
+        return dict(enumerate(body.split())), False
     if first.lower().startswith("frame,"):
         records = list(csv.DictReader(text.splitlines()))
         if not records or "phase" not in records[0]:
@@ -69,7 +76,7 @@ def frame_labels(path: Path) -> dict[int, str]:
             if not frame.isdigit() or not phase:
                 raise DataError(f"{path} line {number}: expected a frame number and a phase")
             out[int(frame)] = phase
-        return out
+        return out, True
     rows = [(n, fields(line)) for n, line in numbered_lines(path)]
     if not rows:
         raise DataError(f"{path}: no labels")
@@ -77,7 +84,7 @@ def frame_labels(path: Path) -> dict[int, str]:
         rows = rows[1:]  # a header, as Cholec80's "Frame<TAB>Phase"
     width = len(rows[0][1]) if rows else 1
     if width == 1:
-        return {k: row[0] for k, (_, row) in enumerate(rows)}
+        return {k: row[0] for k, (_, row) in enumerate(rows)}, False
     labels: dict[int, str] = {}
     for number, row in rows:
         if len(row) != 2 or not row[0].isdigit() or not row[1]:
@@ -87,7 +94,7 @@ def frame_labels(path: Path) -> dict[int, str]:
         if int(row[0]) in labels:
             raise DataError(f"{path} line {number}: frame {row[0]} again")
         labels[int(row[0])] = row[1]
-    return labels
+    return labels, True
 
 
 def read_mapping(path: Path) -> list[str]:

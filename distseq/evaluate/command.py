@@ -47,6 +47,14 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--labels", type=Path, default=None, help="the truth files of --predictions")
     p.add_argument("--mapping", type=Path, default=None, help="MS-TCN's mapping.txt: the classes")
     p.add_argument(
+        "--prediction-stride",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prediction files of labels alone (no frame numbers) give every Nth truth frame; "
+        "without it such a file must have a label for every truth frame",
+    )
+    p.add_argument(
         "--split", default="val", help="val, test or train (the model's shards) or a shard pattern"
     )
     p.add_argument("--manifest", default="", help="index.json of --split; default: beside it")
@@ -140,6 +148,10 @@ def run_eval(args: argparse.Namespace) -> None:
         raise ConfigError("distseq eval: give MODEL(s) or --predictions DIR(s), one of the two")
     if bool(args.predictions) != (args.labels is not None):
         raise ConfigError("--predictions and --labels go together")
+    if args.prediction_stride is not None and args.prediction_stride < 1:
+        raise ConfigError(f"--prediction-stride {args.prediction_stride}: must be >= 1")
+    if args.prediction_stride is not None and not args.predictions:
+        raise ConfigError("--prediction-stride is for --predictions")
     if args.mapping is not None and not args.predictions:
         raise ConfigError("--mapping is for --predictions: a model knows its classes")
     if len(sources) > 1 and not args.out:
@@ -182,7 +194,9 @@ def _score_folder(
 ) -> dict[str, object]:
     mapping = read_mapping(args.mapping) if args.mapping else None
     say = print if is_main else (lambda line: None)
-    report = score_files(folder, args.labels, mapping, judging, args.fps, say)
+    report = score_files(
+        folder, args.labels, mapping, judging, args.fps, say, args.prediction_stride
+    )
     if is_main:
         write_report(out, report)
     return report

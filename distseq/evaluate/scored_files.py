@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from distseq.data.datasets import default_class_order
-from distseq.data.label_text import csv_classes, frame_labels
+from distseq.data.label_text import csv_classes, frame_labels, labelled_frames
 from distseq.errors import ConfigError, DataError
 from distseq.evaluate.evaluation import Judging, scoring_of
 from distseq.evaluate.metrics import count_video, summarize
@@ -62,6 +62,37 @@ def _ids(labels: dict[int, str], ids: dict[str, int], path: Path, frames: list[i
     return out
 
 
+def _predicted(path: Path, truth: dict[int, str], stride: int | None) -> dict[int, str]:
+    """A prediction file's labels by truth frame. A file that numbers its frames says which
+    truth frames it predicts. One that only lists labels in order must have one for each truth
+    frame, or, with ``stride`` N (``--prediction-stride``), one for each Nth (frames 0, N, 2N,
+    ...): a cut-off file and one at another rate look alike, so anything else is refused rather
+    than scored on the frames it happens to reach."""
+    labels, numbered = labelled_frames(path)
+    if numbered:
+        if stride is not None:
+            raise ConfigError(
+                f"--prediction-stride {stride}: {path} numbers its frames, which say what it "
+                "predicts; the option is for files of labels alone"
+            )
+        return labels
+    span = max(truth) + 1
+    step = stride or 1
+    expected = {-(-span // step), span // step}  # the last, partial stride's frame or not
+    if len(labels) not in expected:
+        hint = (
+            f"with --prediction-stride {stride}, {min(expected)} to {max(expected)} are expected"
+            if stride
+            else "a cut-off file, or predictions at another rate? For a label every Nth truth "
+            "frame, give --prediction-stride N"
+        )
+        raise DataError(
+            f"{path}: {len(labels)} labels without frame numbers for the {span} truth frames of "
+            f"its video: {hint}"
+        )
+    return {i * step: label for i, label in labels.items()}
+
+
 def score_files(
     predictions: Path,
     truth: Path,
@@ -69,11 +100,13 @@ def score_files(
     judging: Judging,
     fps: float | None,
     say: Callable[[str], None],
+    stride: int | None = None,
 ) -> dict[str, object]:
     """The report of the prediction files in ``predictions`` against the truth files in
     ``truth``; ``mapping``: the classes in id order (else a CSV's header, or the truth's names);
-    ``fps``: the frame rate of the scored frames (for the relaxed window); ``say`` gets one line
-    for each video missing on either side and each difference in frames."""
+    ``fps``: the frame rate of the scored frames (for the relaxed window); ``stride``: truth
+    frames per line of a prediction file without frame numbers (:func:`_predicted`); ``say`` gets
+    one line for each video missing on either side and each difference in frames."""
     predicted_files = video_files(predictions, "--predictions")
     truth_files = video_files(truth, "--labels")
     for name in sorted(truth_files.keys() - predicted_files.keys()):
@@ -85,7 +118,8 @@ def score_files(
         raise DataError(
             f"no video has both a prediction file in {predictions} and a truth file in {truth}"
         )
-    pairs = {n: (frame_labels(predicted_files[n]), frame_labels(truth_files[n])) for n in names}
+    truths = {n: frame_labels(truth_files[n]) for n in names}
+    pairs = {n: (_predicted(predicted_files[n], truths[n], stride), truths[n]) for n in names}
     classes = mapping or csv_classes(predicted_files[names[0]])
     if classes is None:
         classes = default_class_order({x for _, true in pairs.values() for x in true.values()})

@@ -169,3 +169,61 @@ def test_a_label_outside_the_classes_names_the_file(
     assert main(["eval", "--predictions", str(pred), "--labels", str(truth)]) == 1
     err = capsys.readouterr().err
     assert f"{pred / 'video03'}: frame 0's label 'Cut' is not a class of the truth files" in err
+
+
+def _labels_alone(root: Path, truth_labels: list[str], predicted: list[str]) -> tuple[Path, Path]:
+    """One video: truth and predictions in MS-TCN's one-label-a-line layout (no frame numbers),
+    with the mapping of its two classes."""
+    truth, pred = root / "truth", root / "pred"
+    truth.mkdir(parents=True)
+    pred.mkdir()
+    (truth / "v2.txt").write_text("\n".join(truth_labels) + "\n")
+    (pred / "v2.txt").write_text("\n".join(predicted) + "\n")
+    (root / "mapping.txt").write_text("0 a\n1 b\n")
+    return truth, pred
+
+
+@pytest.mark.parametrize("lines", [10, 1, 70])
+def test_labels_alone_of_another_length_are_refused_not_scored_on_their_first_frames(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], lines: int
+) -> None:
+    # The issue's case: 60 truth frames (30 a, 30 b) and a cut-off prediction run of 10 lines of
+    # a, which was scored 100% on the first 10 truth frames; a file of one line; a longer one.
+    truth, pred = _labels_alone(tmp_path, ["a"] * 30 + ["b"] * 30, ["a"] * lines)
+    argv = ["eval", "--predictions", str(pred), "--labels", str(truth)]
+    assert main([*argv, "--mapping", str(tmp_path / "mapping.txt")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"distseq: error: {pred / 'v2.txt'}: {lines} labels without frame numbers for the 60 "
+        "truth frames of its video: a cut-off file, or predictions at another rate? For a label "
+        "every Nth truth frame, give --prediction-stride N"
+    )
+
+
+def test_a_stated_stride_scores_the_frames_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 10 lines at a stride of 6 are truth frames 0, 6, ..., 54: five in a's half (right), five
+    # in b's (predicted a: wrong). Accuracy 5/10, not the 10/10 of the first 10 frames.
+    truth, pred = _labels_alone(tmp_path, ["a"] * 30 + ["b"] * 30, ["a"] * 10)
+    argv = ["--predictions", pred, "--labels", truth, "--mapping", tmp_path / "mapping.txt"]
+    report, said = evaluate(capsys, *argv, "--prediction-stride", 6)
+    assert report["frame_level"]["accuracy"] == 0.5
+    assert "10 of 60 truth frames predicted, scored on those" in said
+    # A stride that does not fit the count is refused too: 60 frames at 7 are 8 or 9 lines.
+    assert main(["eval", *map(str, argv), "--prediction-stride", "7"]) == 1
+    assert "with --prediction-stride 7, 8 to 9 are expected" in capsys.readouterr().err
+    # Frame numbers already say which frames are predicted: the option is refused with them.
+    (pred / "v2.txt").write_text("Frame\tPhase\n0\ta\n6\ta\n")
+    assert main(["eval", *map(str, argv), "--prediction-stride", "6"]) == 2
+    assert "numbers its frames, which say what it predicts" in capsys.readouterr().err
+
+
+def test_labels_alone_of_the_truth_s_length_are_scored_frame_by_frame(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    truth, pred = _labels_alone(tmp_path, ["a"] * 3 + ["b"] * 3, ["a", "a", "b", "b", "b", "b"])
+    report, _ = evaluate(
+        capsys, "--predictions", pred, "--labels", truth, "--mapping", tmp_path / "mapping.txt"
+    )
+    assert report["frame_level"]["accuracy"] == pytest.approx(5 / 6)
