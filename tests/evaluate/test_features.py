@@ -20,7 +20,8 @@ from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
 from distseq.evaluate.features import write_features
 from distseq.evaluate.predict import FrameRecipe
-from distseq.model.backbone import IMAGENET_MEAN, IMAGENET_STD, tiny_cnn
+from distseq.model.backbone import tiny_cnn
+from distseq.model.frames import IMAGENET_MEAN, IMAGENET_STD
 from distseq.model.video import build_feature_model
 from streams import N_TRAIN, N_VAL, PER_SHARD
 
