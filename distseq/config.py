@@ -463,7 +463,7 @@ def _one_as_list(conf: DictConfig) -> None:
     for key in _ONE_OR_MORE:
         value = OmegaConf.select(conf, key)
         if value is not None and not isinstance(value, ListConfig):
-            OmegaConf.update(conf, key, [value], merge=False)
+            OmegaConf.update(conf, key, [value] if value != "" else [], merge=False)
 
 
 def _dotlist(overrides: list[str]) -> list[str]:

@@ -97,3 +97,5 @@ def test_one_init_from_value_is_a_list_of_one(tmp_path: Path) -> None:
     assert load_config(path).train.init_from == [str(run)]
     path.write_text(f"train:\n  init_from: [{run}, {other}]\n")
     assert load_config(path).train.init_from == [str(run), str(other)]
+    # Empty is none, as for every other list: not the current directory.
+    assert load_config(None, ["train.init_from="]).train.init_from == []

@@ -15,6 +15,7 @@ from torch import nn
 
 import distseq
 from distseq.model.frames import IMAGENET_MEAN, IMAGENET_STD
+from distseq.model.head import is_stateful
 from own_model import LSTMHead, small_cnn
 from tcn_head import make_head
 
@@ -121,6 +122,19 @@ def test_a_carry_continues_a_video_across_windows_and_stops_the_gradient() -> No
     assert all(not t.requires_grad for t in carry.state)  # type: ignore[union-attr]
     windows[-1].sum().backward()
     assert all(p.grad is not None for p in m.parameters())
+
+
+def test_a_compiled_stateful_head_is_still_stateful() -> None:
+    head = LSTMHead(16, CLASSES, 8)
+    assert is_stateful(head) and is_stateful(torch.compile(head))
+    assert not is_stateful(torch.compile(make_head(16, CLASSES)))
+
+
+def test_a_feature_dim_given_for_another_backbone_is_refused() -> None:
+    frames, mask = frames_and_mask()
+    m = distseq.ChunkedModel(small_cnn(16), make_head(16, 3), feature_dim=32)
+    with pytest.raises(distseq.ModelError, match="makes 16 features a frame, but feature_dim=32"):
+        m(frames, mask)
 
 
 def test_float_frames_in_0_1_are_the_uint8_frames_scaled() -> None:

@@ -76,12 +76,12 @@ def _predicted(path: Path, truth: dict[int, str], stride: int | None) -> dict[in
                 "predicts; the option is for files of labels alone"
             )
         return labels
-    span = max(truth) + 1
+    span = max(truth, default=-1) + 1
     step = stride or 1
-    expected = {-(-span // step), span // step}  # the last, partial stride's frame or not
+    expected = sorted({-(-span // step), span // step})  # the last, partial stride's frame or not
     if len(labels) not in expected:
         hint = (
-            f"with --prediction-stride {stride}, {min(expected)} to {max(expected)} are expected"
+            f"with --prediction-stride {stride}, {' or '.join(map(str, expected))} are expected"
             if stride
             else "a cut-off file, or predictions at another rate? For a label every Nth truth "
             "frame, give --prediction-stride N"

@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from distseq.config import Recompute
 from distseq.errors import ConfigError, ModelError
 from distseq.memory.prefetch import FramePrefetch, to_device
-from distseq.model.backbone import frame_features
+from distseq.model.backbone import checked_feature_dim, frame_features
 from distseq.model.frames import Normalize
 from distseq.model.norms import batchnorms
 from distseq.model.video import VideoModel
@@ -312,8 +312,8 @@ class ChunkedModel(VideoModel):
         for i, start in enumerate(range(0, length, k)):
             chunk = frames[:, start : start + k], mask[:, start : start + k]
             feats.append(self._chunk(*chunk, hold=holds[i]) if real[i] else None)
-            if self.feature_dim is None and feats[-1] is not None:
-                self.feature_dim = feats[-1].shape[-1]
+            if feats[-1] is not None:
+                self.feature_dim = checked_feature_dim(self.feature_dim, feats[-1])
         if self.feature_dim is None:
             raise ModelError(
                 "no real frame in this batch (mask all False), and the backbone's feature size "

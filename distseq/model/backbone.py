@@ -32,24 +32,56 @@ def _set_module(root: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def _convert_norm(cnn: nn.Module, norm: Norm) -> None:
-    """Swap BatchNorm2d for a norm whose output for a frame does not depend on its chunk-mates."""
+    """Swap BatchNorm2d for a norm whose output for a frame does not depend on its chunk-mates.
+
+    timm's ``BatchNormAct2d`` (a BatchNorm2d that also holds a dropout and an activation) becomes
+    timm's norm-and-activation counterpart with the same activation: a plain norm in its place
+    left 24 of MobileNetV3's 34 activations out, silently. Another BatchNorm2d subclass is
+    refused rather than guessed at."""
     if norm is Norm.batchnorm:
         return
     for name, bn in list(cnn.named_modules()):
         if not isinstance(bn, nn.BatchNorm2d):
             continue
-        new: nn.Module
-        if norm is Norm.frozen_bn:
-            new = FrozenBatchNorm2d(bn.num_features, eps=bn.eps)
-            for key in ("weight", "bias", "running_mean", "running_var"):
-                getattr(new, key).copy_(getattr(bn, key).detach())
-        else:
-            # gcd keeps every group the same size for widths like 40 or 112 (EfficientNet).
-            new = nn.GroupNorm(math.gcd(32, bn.num_features), bn.num_features, eps=bn.eps)
-            with torch.no_grad():
-                new.weight.copy_(bn.weight)
-                new.bias.copy_(bn.bias)
+        with_act = type(bn) is not nn.BatchNorm2d
+        if with_act and not (hasattr(bn, "act") and hasattr(bn, "drop")):
+            raise ConfigError(
+                f"config key model.backbone.norm={norm.value}: layer {name} is a "
+                f"{type(bn).__name__}, a BatchNorm2d of its own kind distseq cannot convert; "
+                "use model.backbone.norm=batchnorm"
+            )
+        new = _chunk_safe_norm(bn, norm, with_act)
+        if with_act:
+            new.drop, new.act = bn.drop, bn.act
         _set_module(cnn, name, new)
+
+
+def _chunk_safe_norm(bn: nn.BatchNorm2d, norm: Norm, with_act: bool) -> nn.Module:
+    """``bn``'s replacement under ``norm`` with its parameters (and statistics); timm's
+    norm-and-activation kind where ``with_act`` (its activation set by the caller)."""
+    c, eps = bn.num_features, bn.eps
+    new: nn.Module
+    if norm is Norm.frozen_bn:
+        if with_act:
+            from timm.layers import FrozenBatchNormAct2d
+
+            new = FrozenBatchNormAct2d(c, eps=eps, apply_act=False)
+        else:
+            new = FrozenBatchNorm2d(c, eps=eps)
+        keys: tuple[str, ...] = ("weight", "bias", "running_mean", "running_var")
+    else:
+        # gcd keeps every group the same size for widths like 40 or 112 (EfficientNet).
+        if with_act:
+            from timm.layers import GroupNormAct
+
+            new = GroupNormAct(c, num_groups=math.gcd(32, c), eps=eps, apply_act=False)
+        else:
+            new = nn.GroupNorm(math.gcd(32, c), c, eps=eps)
+        keys = ("weight", "bias")
+    with torch.no_grad():
+        for key in keys:
+            getattr(new, key).copy_(getattr(bn, key).detach())
+    return new
 
 
 def _state_from_file(file: Path) -> object:
@@ -144,7 +176,7 @@ def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int, FrameInput]:
     takes (ImageNet's normalisation, or a timm model's own)."""
     frames, dim = FrameInput(), None
     if cfg.name.startswith(TIMM):
-        cnn, frames = _timm_backbone(cfg)
+        cnn, frames, dim = _timm_backbone(cfg)
     elif is_import_path(cfg.name):
         cnn = build_imported(cfg.name, "model.backbone.name", cfg.args)
         if cfg.weights:
@@ -180,7 +212,7 @@ def _torchvision_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
 PRETRAINED = "pretrained"  # model.backbone.weights of a timm model: its default weights
 
 
-def _timm_backbone(cfg: BackboneConfig) -> tuple[nn.Module, FrameInput]:
+def _timm_backbone(cfg: BackboneConfig) -> tuple[nn.Module, FrameInput, int]:
     """A timm model without its classifier (``num_classes=0``: pooled features [N, F]) and its
     own normalisation. Weights: a state_dict file (its classifier's keys left out), or
     ``pretrained``, timm's default weights, through the Hugging Face cache: a machine that holds
@@ -209,16 +241,19 @@ def _timm_backbone(cfg: BackboneConfig) -> tuple[nn.Module, FrameInput]:
         classifier = data.get("classifier") or ()
         drop = (classifier,) if isinstance(classifier, str) else tuple(classifier)
         _load_weights(cnn, cfg.name, cfg.weights, drop=tuple(f"{c}." for c in drop))
-    return cnn, FrameInput("uint8", tuple(data["mean"]), tuple(data["std"]))
+    # The features' size: head_hidden_size where a model has layers after its pool
+    # (MobileNetV3: 1024, where num_features says 576).
+    sizes: list[Any] = [getattr(cnn, key, None) for key in ("head_hidden_size", "num_features")]
+    dim = int(next(size for size in sizes if size))
+    return cnn, FrameInput("uint8", tuple(data["mean"]), tuple(data["std"])), dim
 
 
 def _feature_size(cnn: nn.Module, name: str) -> int:
-    """F: the module's ``feature_dim`` or ``num_features`` (timm's), else measured on one frame
-    of 224 x 224 in eval mode (nothing is allocated where it was built on the meta device)."""
-    for attribute in ("feature_dim", "num_features"):
-        value = getattr(cnn, attribute, None)
-        if isinstance(value, int) and value > 0:
-            return value
+    """F: the module's ``feature_dim``, else measured on one frame of 224 x 224 in eval mode
+    (nothing is allocated where it was built on the meta device)."""
+    value = getattr(cnn, "feature_dim", None)
+    if isinstance(value, int) and value > 0:
+        return value
     param = next(cnn.parameters())
     x = torch.zeros(1, 3, 224, 224, device=param.device, dtype=param.dtype)
     training = cnn.training
@@ -248,6 +283,17 @@ def check_features(feats: object, frames: int, what: str = "the backbone") -> No
         "[N, F]; end a feature map [N, F, h, w] with a global pool and a flatten, e.g. "
         "nn.Sequential(cnn, nn.AdaptiveAvgPool2d(1), nn.Flatten())"
     )
+
+
+def checked_feature_dim(known: int | None, feats: torch.Tensor) -> int:
+    """The feature size ``feats`` [..., F] shows, refused in one line if ``known`` says
+    otherwise (a ``feature_dim`` given for another backbone)."""
+    found = int(feats.shape[-1])
+    if known is not None and known != found:
+        raise ModelError(
+            f"the backbone makes {found} features a frame, but feature_dim={known} was given"
+        )
+    return found
 
 
 def frame_features(

@@ -30,7 +30,9 @@ def detach_state(state: RNNState, dtype: torch.dtype | None = None) -> RNNState:
 def is_stateful(head: nn.Module) -> bool:
     """Whether ``head`` carries state: its ``forward`` takes a parameter named ``state``
     (``forward(features, mask, state) -> (logits, state)``)."""
-    return "state" in inspect.signature(head.forward).parameters
+    # A compiled head's forward takes (*args, **kwargs): ask the module it compiled.
+    forward = getattr(head, "_orig_mod", head).forward
+    return "state" in inspect.signature(forward).parameters
 
 
 class Carry:
@@ -153,8 +155,9 @@ class TemporalHead(nn.Module):
 def build_head(in_dim: int, cfg: HeadConfig, num_classes: int) -> TemporalHead:
     rnn: nn.LSTM | nn.GRU | None = None
     out_dim = in_dim
-    if cfg.kind is not Temporal.none:
-        rnn_cls = nn.LSTM if cfg.kind is Temporal.lstm else nn.GRU
+    kind = Temporal(cfg.kind)  # a plain string in the config (it may be an import path too)
+    if kind is not Temporal.none:
+        rnn_cls = nn.LSTM if kind is Temporal.lstm else nn.GRU
         rnn = rnn_cls(
             in_dim,
             cfg.hidden,

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from distseq.config import ModelConfig, is_import_path
-from distseq.model.backbone import build_backbone, frame_features
+from distseq.errors import ModelError
+from distseq.model.backbone import build_backbone, checked_feature_dim, frame_features
 from distseq.model.frames import FrameInput, Normalize
 from distseq.model.head import Carry, build_head, head_logits, is_stateful
 from distseq.model.imported import build_imported
@@ -25,7 +26,7 @@ class VideoModel(nn.Module):
     """Frames [B, T, C, H, W] + mask [B, T] -> logits [B, T, K]: ``backbone`` on every real frame
     ([N, C, H, W] -> [N, F]), then ``head`` over the sequence ((features [B, T, F], mask [B, T])
     -> [B, T, K]; a head whose forward takes ``state`` returns (logits, state) and carries it in
-    a :class:`Carry`). ``frames`` and ``normalize`` say what the frames are (model.frames)."""
+    a :class:`Carry`). ``frames`` and ``normalize`` say what the frames are (model/frames.py)."""
 
     mean: torch.Tensor | None
     std: torch.Tensor | None
@@ -45,7 +46,10 @@ class VideoModel(nn.Module):
         self.feature_dim = feature_dim  # None: learnt from the first frames the backbone sees
         self.stateful = is_stateful(head)
         self.input = FrameInput.of(frames, normalize)
-        device = next(backbone.parameters()).device
+        param = next(backbone.parameters(), None)
+        if param is None:
+            raise ModelError("the backbone has no parameters: there is nothing to train in it")
+        device = param.device
         mean, std = self.input.buffers(device)
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
@@ -55,7 +59,7 @@ class VideoModel(nn.Module):
         feats = frame_features(
             self.backbone, frames, mask, self.input, self.mean, self.std, self.feature_dim
         )
-        self.feature_dim = feats.shape[-1]
+        self.feature_dim = checked_feature_dim(self.feature_dim, feats)
         return feats
 
     def temporal(

@@ -212,7 +212,7 @@ def test_a_stated_stride_scores_the_frames_it_names(
     assert "10 of 60 truth frames predicted, scored on those" in said
     # A stride that does not fit the count is refused too: 60 frames at 7 are 8 or 9 lines.
     assert main(["eval", *map(str, argv), "--prediction-stride", "7"]) == 1
-    assert "with --prediction-stride 7, 8 to 9 are expected" in capsys.readouterr().err
+    assert "with --prediction-stride 7, 8 or 9 are expected" in capsys.readouterr().err
     # Frame numbers already say which frames are predicted: the option is refused with them.
     (pred / "v2.txt").write_text("Frame\tPhase\n0\ta\n6\ta\n")
     assert main(["eval", *map(str, argv), "--prediction-stride", "6"]) == 2

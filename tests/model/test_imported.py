@@ -189,3 +189,39 @@ torch.save(state, {str(tmp_path / "out.pt")!r})
         r"Hugging Face cache",
         run.stderr,
     ), run.stderr[-2000:]
+
+
+def test_timm_norm_and_activation_layers_keep_their_activation() -> None:
+    # timm's BatchNormAct2d holds the activation after the norm: replaced by a plain norm, the
+    # activations went (24 of MobileNetV3's 34), silently.
+    timm = pytest.importorskip("timm", reason="the timm extra: pip install 'distseq[timm]'")
+    from timm.layers import BatchNormAct2d
+
+    def acts(module: torch.nn.Module) -> int:
+        return sum(isinstance(m, torch.nn.SiLU | torch.nn.ReLU) for m in module.modules())
+
+    torch.manual_seed(0)
+    plain = timm.create_model("test_efficientnet", num_classes=0)
+    assert any(isinstance(m, BatchNormAct2d) for m in plain.modules())
+    built = {}
+    for norm in (Norm.batchnorm, Norm.frozen_bn, Norm.groupnorm):
+        torch.manual_seed(0)
+        cfg = ModelConfig(backbone=BackboneConfig(name="timm:test_efficientnet", norm=norm))
+        built[norm] = build_model(cfg, 3)
+        assert acts(built[norm].backbone) == acts(plain), norm
+    assert not any(isinstance(m, BatchNormAct2d) for m in built[Norm.groupnorm].backbone.modules())
+    # Frozen statistics are BatchNorm's in eval mode: the same features.
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        same = built[Norm.batchnorm].backbone.eval()(x), built[Norm.frozen_bn].backbone.eval()(x)
+    torch.testing.assert_close(*same)
+
+
+def test_timm_features_after_the_pool_have_the_size_the_model_makes() -> None:
+    pytest.importorskip("timm", reason="the timm extra: pip install 'distseq[timm]'")
+    # MobileNetV3 has a conv after its pool: 1024 features where num_features says 576.
+    model = build_model(config("timm:mobilenetv3_small_050"), 3).eval()
+    frames = torch.randint(0, 256, (1, 2, 3, 32, 32), dtype=torch.uint8)
+    with torch.no_grad():
+        feats = model.features(frames, torch.ones(1, 2, dtype=torch.bool))
+    assert model.feature_dim == feats.shape[-1] == 1024

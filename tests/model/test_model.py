@@ -185,3 +185,12 @@ def test_the_tiny_cnn_has_no_torchvision_weights() -> None:
         build_backbone(BackboneConfig(name="tiny_cnn", weights="DEFAULT"))
     with pytest.raises(ConfigError, match=r"not a torchvision model nor tiny_cnn"):
         build_backbone(BackboneConfig(name="tinycnn"))
+
+
+def test_each_head_kind_builds_its_own_rnn() -> None:
+    # model.head.kind is a string (it may be an import path): a comparison by identity with the
+    # enum once made every kind a GRU.
+    assert isinstance(build_head(8, HeadConfig(kind="lstm"), 2).rnn, torch.nn.LSTM)
+    assert type(build_head(8, HeadConfig(kind="gru"), 2).rnn) is torch.nn.GRU
+    assert build_head(8, HeadConfig(kind="none"), 2).rnn is None
+    assert isinstance(tiny_model().head.rnn, torch.nn.LSTM)  # the default
