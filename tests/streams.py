@@ -48,6 +48,17 @@ def sequences_of(split: str, count: int) -> dict[str, tuple[torch.Tensor, list[i
     return {key: (x, y) for key, x, y in sequences(split, count, **SYN)}
 
 
+def label_counts_of(split: str, count: int) -> dict[str, list[int]]:
+    """Frames of each class in each of ``write_stream_shards``' shards of ``split``, worked out
+    from the labels of ``sequences_of``."""
+    counts: dict[str, list[int]] = {}
+    for i, (_, labels) in enumerate(sequences_of(split, count).values()):
+        shard = counts.setdefault(f"{split}-{i // PER_SHARD:06d}.tar", [0] * int(SYN["phases"]))
+        for label in labels:
+            shard[label] += 1
+    return counts
+
+
 def write_shards(root: Path, shards: list[Samples]) -> DataConfig:
     """bad-000000.tar, bad-000001.tar, ..., used for train and val alike, with their index.json."""
     root.mkdir(parents=True, exist_ok=True)

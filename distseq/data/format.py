@@ -14,7 +14,10 @@ refused, never decoded. ``index.json`` beside the shards describes them::
     {"format": 1, "classes": ["name0", ...],
      "shards": {"train-000000.tar": {"split": "train", "samples": 8, "frames": 512}, ...}}
 
-``distseq shard`` adds ``fps``, ``size`` and ``sources``; readers ignore keys they do not know.
+Each shard's ``"labels"`` (optional: index.json files from before it lack it) counts its frames
+of each class id, one count per class, unlabelled frames (-1) left out; ``Manifest.label_counts``
+sums them over shards, for class weights. ``distseq shard`` adds ``fps``, ``size`` and
+``sources``; readers ignore keys they do not know.
 
 Feature shards (``distseq features``, read with ``data.features=true``) hold, in place of the
 frames, one member ``<key>.features.npy``: float16 of shape (frames, features), a plain ``.npy``
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import json
 import re
+import tarfile
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +57,43 @@ class ShardInfo:
     split: str  # one of SPLITS
     samples: int
     frames: int
+    # Frames of each class id (unlabelled ones not counted); None: an index.json from before
+    # distseq recorded them.
+    labels: list[int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Its entry in index.json (and in distseq shard's commit records)."""
+        doc: dict[str, Any] = {"split": self.split, "samples": self.samples, "frames": self.frames}
+        if self.labels is not None:
+            doc["labels"] = self.labels
+        return doc
+
+
+def count_labels(labels: Iterable[int], counts: list[int]) -> list[int]:
+    """Add one to ``counts[c]`` for each label c, leaving unlabelled frames (< 0) out; returns
+    ``counts``. A label past the classes is refused."""
+    for c in labels:
+        if c >= len(counts):
+            raise DataError(f"label {c} is not a class id of the {len(counts)} classes")
+        if c >= 0:
+            counts[c] += 1
+    return counts
+
+
+def shard_label_counts(path: Path, num_classes: int) -> tuple[int, int, list[int]]:
+    """A shard's samples, frames and frames per class, read back from its ``labels.json``
+    members (nothing else is read)."""
+    samples, frames, counts = 0, 0, [0] * num_classes
+    with tarfile.open(path) as tar:
+        for member in tar:
+            if member.name.endswith(f".{LABELS_MEMBER}"):
+                f = tar.extractfile(member)
+                assert f is not None
+                labels = json.loads(f.read())["labels"]
+                samples += 1
+                frames += len(labels)
+                count_labels(labels, counts)
+    return samples, frames, counts
 
 
 @dataclass
@@ -70,10 +112,27 @@ class Manifest:
     def num_classes(self) -> int:
         return len(self.classes)
 
+    def label_counts(self, names: Iterable[str]) -> list[int]:
+        """Frames of each class id in the shards ``names`` (keys of ``shards``), summed: what
+        class weights are computed from."""
+        total = [0] * self.num_classes
+        for name in names:
+            info = self.shards.get(name)
+            if info is None:
+                raise DataError(f"{self.path} lists no shard {name!r}")
+            if info.labels is None:
+                raise DataError(
+                    f"{self.path}: shard {name} has no label counts (made before distseq "
+                    "recorded them): re-run the distseq shard or distseq features command that "
+                    "wrote it, which adds them"
+                )
+            total = [a + b for a, b in zip(total, info.labels, strict=True)]
+        return total
+
 
 def write_manifest(path: Path, manifest: Manifest, **extra: Any) -> None:
     """Write ``index.json`` atomically; ``extra`` keys (``distseq shard``'s) come after."""
-    shards = {name: vars(info) for name, info in manifest.shards.items()}
+    shards = {name: info.to_json() for name, info in manifest.shards.items()}
     doc = {"format": FORMAT, "classes": manifest.classes, "shards": shards, **extra}
     write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
@@ -100,7 +159,19 @@ def parse_manifest(doc: Any, where: str) -> Manifest:
                 f"manifest {where}: shard {name!r} needs a split of {SPLITS}, samples and frames "
                 ">= 0"
             )
-        shards[name] = ShardInfo(info["split"], info["samples"], info["frames"])
+        labels = info.get("labels")
+        counts_ok = labels is None or (
+            isinstance(labels, list)
+            and len(labels) == len(classes)
+            and all(type(n) is int and n >= 0 for n in labels)
+            and sum(labels) <= info["frames"]
+        )
+        if not counts_ok:
+            raise DataError(
+                f"manifest {where}: shard {name!r}: 'labels' must be {len(classes)} counts >= 0 "
+                f"(one per class, at most its {info['frames']} frames in all), not {_short(labels)}"
+            )
+        shards[name] = ShardInfo(info["split"], info["samples"], info["frames"], labels)
     fps, size, quality, features = (doc.get(k) for k in ("fps", "size", "quality", "features"))
     for key, value, kind in (
         ("fps", fps, int | float),
@@ -112,6 +183,11 @@ def parse_manifest(doc: Any, where: str) -> Manifest:
             raise DataError(f"manifest {where}: {key!r} must be a number > 0, not {value!r}")
     rate = None if fps is None else float(fps)
     return Manifest(list(classes), shards, rate, size, quality, features)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_manifest(cfg: DataConfig) -> Manifest:

@@ -31,6 +31,7 @@ from distseq.data.format import (
     LABELS_MEMBER,
     Manifest,
     ShardInfo,
+    count_labels,
     frame_member,
     write_manifest,
 )
@@ -143,6 +144,7 @@ def write_shards(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     shards: dict[str, ShardInfo] = {}
+    counts: list[int] = []  # the open shard's frames of each class
     for split, seqs in splits.items():
         writer: wds.TarWriter | None = None
         name = ""
@@ -151,7 +153,8 @@ def write_shards(
                 if writer is not None:
                     writer.close()
                 name = f"{split}-{i // sequences_per_shard:06d}.tar"
-                shards[name] = ShardInfo(split=split, samples=0, frames=0)
+                counts = [0] * len(classes)
+                shards[name] = ShardInfo(split, samples=0, frames=0, labels=counts)
                 # Fixed mtime and owner make the tar bytes reproducible; an integer mtime also
                 # spares every member a PAX header, which costs as much to parse as the member.
                 writer = wds.TarWriter(
@@ -161,6 +164,7 @@ def write_shards(
             writer.write(encode_sample(key, frames, labels))
             shards[name].samples += 1
             shards[name].frames += len(labels)
+            count_labels(labels, counts)
         if writer is not None:
             writer.close()
     manifest = Manifest(classes=classes, shards=shards, fps=fps)

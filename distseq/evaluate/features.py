@@ -40,6 +40,7 @@ from distseq.data.format import (
     Manifest,
     ShardInfo,
     find_manifest,
+    shard_label_counts,
     write_manifest,
 )
 from distseq.data.tar import expand, read_shard, shard_name
@@ -212,19 +213,13 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def _write_index(loaded: Loaded, sources: dict[str, Manifest], out: Path) -> None:
     """``out/index.json`` for the feature shards there: each input shard's split, the counts
-    read back from the shards' labels (their features are not read), the feature size."""
+    (samples, frames, frames of each class) read back from the shards' labels (their features
+    are not read), the feature size."""
     shards: dict[str, ShardInfo] = {}
     for url, source in sources.items():
         name = shard_name(url)
-        samples = frames = 0
-        with tarfile.open(out / name) as tar:
-            for member in tar.getmembers():
-                if member.name.endswith(f".{LABELS_MEMBER}"):
-                    f = tar.extractfile(member)
-                    assert f is not None
-                    samples += 1
-                    frames += len(json.loads(f.read())["labels"])
-        shards[name] = ShardInfo(source.shards[name].split, samples, frames)
+        samples, frames, labels = shard_label_counts(out / name, len(loaded.classes))
+        shards[name] = ShardInfo(source.shards[name].split, samples, frames, labels)
     fps = next((m.fps for m in sources.values() if m.fps), None)
     stride = loaded.config.data.frame_stride
     extra: dict[str, object] = {

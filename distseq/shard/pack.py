@@ -36,7 +36,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from distseq.data.format import SPLITS, Manifest, ShardInfo, write_manifest
+from distseq.data.format import (
+    LABELS_MEMBER,
+    SPLITS,
+    Manifest,
+    ShardInfo,
+    count_labels,
+    shard_label_counts,
+    write_manifest,
+)
 from distseq.data.sources import Source
 from distseq.errors import ConfigError, DataError
 from distseq.files import write_atomic
@@ -64,13 +72,15 @@ def _samples(tar: tarfile.TarFile) -> list[list[tarfile.TarInfo]]:
 
 
 class Packer:
-    """Packs whole videos into one split's shards and commits them in groups (module docstring)."""
+    """Packs whole videos into one split's shards and commits them in groups (module docstring);
+    counts each shard's frames of each of ``classes`` class ids from the labels it packs."""
 
-    def __init__(self, out: Path, split: str, index: int, max_bytes: float) -> None:
+    def __init__(self, out: Path, split: str, index: int, max_bytes: float, classes: int) -> None:
         self.out, self.split, self.index, self.max_bytes = out, split, index, max_bytes
+        self.classes = classes
         self.file: io.BufferedWriter | None = None
         self.tar: tarfile.TarFile | None = None
-        self.info = ShardInfo(split, 0, 0)
+        self.info = self._new_info()
         self.bytes = 0
         self.group: dict[str, ShardInfo] = {}  # shards closed since the last commit
         self.sources: dict[str, dict[str, Any]] = {}  # videos held by the group and the open shard
@@ -79,6 +89,9 @@ class Packer:
 
     def _name(self) -> str:
         return f"{self.split}-{self.index:06d}.tar"
+
+    def _new_info(self) -> ShardInfo:
+        return ShardInfo(self.split, 0, 0, [0] * self.classes)
 
     def add(self, tar_path: Path, stem: str, source: dict[str, Any]) -> None:
         with tarfile.open(tar_path) as src:
@@ -92,7 +105,12 @@ class Packer:
                     self._close_shard()  # this video alone fills shards: commit after its end
                 tar = self.tar or self._open_shard()
                 for m in members:
-                    tar.addfile(m, src.extractfile(m))
+                    data = src.extractfile(m)
+                    if m.name.endswith(f".{LABELS_MEMBER}") and data is not None:
+                        assert self.info.labels is not None
+                        count_labels(json.loads(data.read())["labels"], self.info.labels)
+                        data.seek(0)
+                    tar.addfile(m, data)
                 self.bytes += size
                 self.info.samples += 1
                 self.info.frames += len(members) - 1  # all but labels.json
@@ -117,13 +135,13 @@ class Packer:
         self.shards_written += 1
         self.frames_written += self.info.frames
         self.tar, self.file = None, None
-        self.info, self.bytes, self.index = ShardInfo(self.split, 0, 0), 0, self.index + 1
+        self.info, self.bytes, self.index = self._new_info(), 0, self.index + 1
 
     def _commit(self) -> None:
         if not self.group:
             return
         record = {
-            "shards": {name: vars(info) for name, info in self.group.items()},
+            "shards": {name: info.to_json() for name, info in self.group.items()},
             "sources": self.sources,
         }
         write_atomic(self.out / ".done" / f"{min(self.group)}.json", json.dumps(record, indent=1))
@@ -242,8 +260,12 @@ def write_index(
     quality: int,
     records: list[dict[str, Any]],
 ) -> None:
-    """index.json from all commit records, so it lists the videos of earlier runs too."""
+    """index.json from all commit records, so it lists the videos of earlier runs too. The label
+    counts of shards committed before distseq recorded them are read back from the shards."""
     shards = {name: info for r in records for name, info in r["shards"].items()}
+    for name, info in shards.items():
+        if info.labels is None:
+            info.labels = shard_label_counts(out / name, len(classes))[2]
     sources = {stem: rec for r in records for stem, rec in r["sources"].items()}
     manifest = Manifest(classes, dict(sorted(shards.items())))
     # fps, size and quality let distseq predict make a video's frames exactly as these were made.

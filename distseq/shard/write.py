@@ -175,7 +175,9 @@ def shard_inputs(opts: Options) -> Summary:
             for s in todo
         ]
         next_index = next_indices(records)
-        packers = {sp: Packer(out, sp, next_index[sp], opts.max_shard_bytes) for sp in SPLITS}
+        packers = {
+            sp: Packer(out, sp, next_index[sp], opts.max_shard_bytes, len(classes)) for sp in SPLITS
+        }
         results = encode_all(jobs, opts.workers)
         try:
             with (

@@ -28,6 +28,7 @@ from streams import (
     PER_SHARD,
     SYN,
     Samples,
+    label_counts_of,
     sequences_of,
     stream_config,
     write_shards,
@@ -55,6 +56,16 @@ def test_synthetic_is_deterministic_and_has_cues(tmp_path: Path, shards: Path) -
         starts = [t for t in range(1, len(labels)) if labels[t] != labels[t - 1]]
         cues = {s + i for s in starts for i in range(MARKER_FRAMES)}
         assert {t for t in range(len(labels)) if centre[t] > 250} == cues
+
+
+def test_synthetic_index_counts_each_shard_s_labels(shards: Path) -> None:
+    manifest = load_manifest(stream_config(shards))
+    expected = label_counts_of("train", N_TRAIN) | label_counts_of("val", N_VAL)
+    assert {name: info.labels for name, info in manifest.shards.items()} == expected
+    first, second = expected["train-000000.tar"], expected["train-000001.tar"]
+    assert manifest.label_counts(["train-000000.tar", "train-000001.tar"]) == [
+        a + b for a, b in zip(first, second, strict=True)
+    ]
 
 
 @pytest.mark.parametrize(

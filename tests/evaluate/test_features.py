@@ -23,7 +23,7 @@ from distseq.evaluate.predict import FrameRecipe
 from distseq.model.backbone import tiny_cnn
 from distseq.model.frames import IMAGENET_MEAN, IMAGENET_STD
 from distseq.model.video import build_feature_model
-from streams import N_TRAIN, N_VAL, PER_SHARD
+from streams import N_TRAIN, N_VAL, PER_SHARD, label_counts_of
 
 SPLIT = "val-{000000..000001}.tar"
 HOW = FrameRecipe(None, 32, 90, None)  # shards need no recipe: their frames are made
@@ -99,6 +99,8 @@ def test_feature_shards_hold_the_backbone_s_features_and_the_labels(
         n: s.split for n, s in source.shards.items()
     }
     assert sum(s["frames"] for s in index["shards"].values()) == done.frames
+    counts = label_counts_of("train", N_TRAIN) | label_counts_of("val", N_VAL)
+    assert {n: s["labels"] for n, s in index["shards"].items()} == counts
     # Read back as training reads them: features equal the backbone's over each whole video to
     # float16's precision (2^-11 relative), labels equal the frame shards'.
     frames = replace(loaded.config.data, val=f"{shards}/{SPLIT}")

@@ -244,6 +244,9 @@ def test_frame_folder_windows_per_frame_tsv(tmp_path: Path) -> None:
     assert list(index["shards"]) == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
     found = read_back(out, "train-{000000..000002}.tar")
     assert sorted(found) == ["clip_w000000", "clip_w000002", "clip_w000003"]
+    for name, info in index["shards"].items():  # overlapping windows: their frames twice
+        stored = [label for _, labels in read_back(out, name).values() for label in labels]
+        assert info["labels"] == [stored.count(0), stored.count(1)], name
     for start in (0, 2, 3):
         got, labels = found[f"clip_w{start:06d}"]
         chosen = [2 * (start + t) for t in range(2)]
