@@ -32,6 +32,11 @@ class Temporal(str, Enum):
     lstm = "lstm"
     gru = "gru"
     none = "none"  # per-frame classifier, the baseline that cannot see time
+    mstcn = "mstcn"  # MS-TCN's multi-stage dilated temporal convolutions (model/tcn.py)
+    transformer = "transformer"  # an encoder with local attention (model/transformer.py)
+
+
+RNNS = (Temporal.lstm.value, Temporal.gru.value)
 
 
 class Recompute(str, Enum):
@@ -200,13 +205,21 @@ class BackboneConfig:
 @dataclass
 class HeadConfig:
     # The temporal model over the per-frame features: lstm, gru, none (a per-frame classifier),
-    # or your factory's import path, pkg.module:make_head, called as
-    # make_head(in_features=F, num_classes=K, **model.head.args).
+    # mstcn (MS-TCN, Farha and Gall 2019), transformer (local attention), or your factory's import
+    # path, pkg.module:make_head, called as make_head(in_features=F, num_classes=K, **args).
     kind: str = Temporal.lstm.value
-    hidden: int = 128  # RNN hidden size
-    layers: int = 1  # RNN layers
-    dropout: float = 0.0  # between RNN layers and before the classifier
-    bidirectional: bool = False  # sees the future: offline segmentation only
+    hidden: int = 128  # RNN hidden size; MS-TCN's feature maps; the transformer's width
+    layers: int = 1  # RNN layers; MS-TCN's layers per stage (dilation 2^i); transformer blocks
+    dropout: float = (
+        0.0  # between RNN layers and before the classifier; in each TCN/attention layer
+    )
+    bidirectional: bool = False  # an RNN that sees the future: offline segmentation only
+    # mstcn, transformer: no frame sees the future (TeCNO's left-padded convolutions, attention
+    # to earlier frames only), for online recognition. An RNN is causal unless bidirectional.
+    causal: bool = False
+    stages: int = 4  # mstcn: stages, each refining the softmax of the one before
+    window: int = 128  # transformer: a frame attends to the frames less than this far away
+    attention_heads: int = 4  # transformer: attention heads; they divide model.head.hidden
     # 0: PyTorch's initialisation. N: chrono initialisation (Tallec and Ollivier, 2018) for
     # dependencies of up to N frames: the RNN starts out remembering, not forgetting.
     chrono_frames: int = 0
@@ -228,14 +241,34 @@ class HeadConfig:
         )
         _check(self.hidden >= 1, "model.head.hidden", self.hidden, "must be >= 1")
         _check(
-            self.chrono_frames == 0
-            or (self.chrono_frames >= 2 and self.kind in (Temporal.lstm.value, Temporal.gru.value)),
+            self.chrono_frames == 0 or (self.chrono_frames >= 2 and self.kind in RNNS),
             "model.head.chrono_frames",
             self.chrono_frames,
             "must be 0, or >= 2 with an RNN (model.head.kind lstm or gru)",
         )
         _check(self.layers >= 1, "model.head.layers", self.layers, "must be >= 1")
         _check(0.0 <= self.dropout < 1.0, "model.head.dropout", self.dropout, "must be in [0, 1)")
+        _check(self.stages >= 1, "model.head.stages", self.stages, "must be >= 1")
+        _check(self.window >= 1, "model.head.window", self.window, "must be >= 1")
+        _check(
+            self.attention_heads >= 1 and self.hidden % self.attention_heads == 0,
+            "model.head.attention_heads",
+            self.attention_heads,
+            f"must be >= 1 and divide model.head.hidden={self.hidden}",
+        )
+        _check(
+            not self.bidirectional or self.kind in RNNS,
+            "model.head.bidirectional",
+            self.bidirectional,
+            "is for an RNN (lstm or gru); mstcn and transformer see the future unless "
+            "model.head.causal=true",
+        )
+        _check(
+            not self.causal or self.kind in (Temporal.mstcn.value, Temporal.transformer.value),
+            "model.head.causal",
+            self.causal,
+            "is for mstcn and transformer; an RNN is causal unless model.head.bidirectional=true",
+        )
 
 
 @dataclass
@@ -316,6 +349,47 @@ class OptimConfig:
         _check(self.accum_steps >= 1, "optim.accum_steps", self.accum_steps, "must be >= 1")
 
 
+CLASS_WEIGHTS = ("none", "median_frequency")
+
+
+@dataclass
+class LossConfig:
+    """Per-frame cross-entropy over labelled frames, summed over a multi-stage head's stages."""
+
+    # none; median_frequency: median(f) / f_c from the training shards' label counts (f_c the
+    # fraction of labelled frames of class c), as Cholec80's papers weight their phases; or a
+    # list, one weight per class. Weighted, the loss is a mean over the weights of the labelled
+    # frames, as torch's cross_entropy(weight=...) is.
+    class_weights: Any = "none"
+    # MS-TCN's smoothing term's weight (0.15 in its paper; 0: off): the mean over consecutive
+    # real frames of the squared difference of their log-probabilities, each class's truncated
+    # at smoothing_clip ** 2, the earlier frame's held constant, as MS-TCN's code computes it.
+    smoothing: float = 0.0
+    smoothing_clip: float = 4.0  # MS-TCN's tau: squared differences stop at 16
+
+    def __post_init__(self) -> None:
+        weights = self.class_weights
+        if isinstance(weights, str):
+            _check(
+                weights in CLASS_WEIGHTS,
+                "loss.class_weights",
+                weights,
+                f"must be one of {CLASS_WEIGHTS} or a list of weights, one per class",
+            )
+        else:
+            _check(
+                isinstance(weights, list)
+                and bool(weights)
+                and all(isinstance(w, int | float) and w >= 0 for w in weights)
+                and any(w > 0 for w in weights),
+                "loss.class_weights",
+                weights,
+                "must be a list of numbers >= 0, one per class, not all 0",
+            )
+        _check(self.smoothing >= 0, "loss.smoothing", self.smoothing, "must be >= 0")
+        _check(self.smoothing_clip > 0, "loss.smoothing_clip", self.smoothing_clip, "must be > 0")
+
+
 @dataclass
 class TrainConfig:
     steps: int = 100  # optimizer steps
@@ -366,6 +440,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)  # the network
     memory: MemoryConfig = field(default_factory=MemoryConfig)  # how it runs over time
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # how it runs across ranks
+    loss: LossConfig = field(default_factory=LossConfig)  # what the model is trained to lower
     optim: OptimConfig = field(default_factory=OptimConfig)  # AdamW and its schedule
     train: TrainConfig = field(default_factory=TrainConfig)  # the run: steps, logs, checkpoints
 
@@ -395,10 +470,10 @@ class Config:
             "truncated BPTT needs a causal head (model.head.bidirectional=false)",
         )
         _check(
-            not self.memory.tbptt_frames or not is_import_path(self.model.head.kind),
+            not self.memory.tbptt_frames or self.model.head.kind in RNNS,
             "memory.tbptt_frames",
             self.memory.tbptt_frames,
-            "truncates distseq's RNN (model.head.kind lstm or gru), not a head of your own",
+            "truncates distseq's RNN (model.head.kind lstm or gru), not another head",
         )
 
 

@@ -33,7 +33,7 @@ from distseq.data.video import source_frames
 from distseq.errors import ConfigError, DataError
 from distseq.evaluate.outputs import write_predictions
 from distseq.evaluate.plots import ribbon
-from distseq.model.head import Carry
+from distseq.model.head import Carry, last_stage
 from distseq.model.video import VideoModel
 from distseq.parallel import DistInfo, all_reduce_sum
 
@@ -70,12 +70,12 @@ def streamed_probabilities(
             return torch.zeros((0, classes))
         all_feats = torch.cat(feats, dim=1)
         mask = torch.ones(all_feats.shape[:2], dtype=torch.bool, device=device)
-        return model.temporal(all_feats, mask)[0].float().softmax(-1).cpu()
+        return last_stage(model.temporal(all_feats, mask))[0].float().softmax(-1).cpu()
     carry = Carry()
     probs = []
     for x in chunks(frames, chunk):
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
-        probs.append(model(x.to(device), mask, carry)[0].float().softmax(-1).cpu())
+        probs.append(last_stage(model(x.to(device), mask, carry))[0].float().softmax(-1).cpu())
     return torch.cat(probs) if probs else torch.zeros((0, classes))
 
 

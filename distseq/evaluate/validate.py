@@ -23,6 +23,7 @@ from distseq.evaluate.metrics import (
     count_video,
     summarize,
 )
+from distseq.model.head import last_stage
 from distseq.parallel import all_gather_objects
 
 
@@ -36,7 +37,7 @@ def probabilities_by_video(
     try:
         for batch in batches:
             batch = batch.to(device)
-            probs = model(batch.frames, batch.mask).float().softmax(-1).cpu()
+            probs = last_stage(model(batch.frames, batch.mask)).float().softmax(-1).cpu()
             for row, key in enumerate(batch.keys):
                 if key:  # "" is a padding row
                     n = int(batch.mask[row].sum())

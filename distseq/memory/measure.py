@@ -225,7 +225,9 @@ def measure_step(
     fastest of ``timings`` timed runs."""
 
     def loss() -> torch.Tensor:
-        return F.cross_entropy(model(frames, mask).flatten(0, 1).float(), labels.flatten())
+        logits = model(frames, mask).float()
+        stages = logits.shape[0] if logits.dim() == 4 else 1  # a multi-stage head's, each
+        return F.cross_entropy(logits.flatten(0, -2), labels.flatten().repeat(stages))
 
     def step() -> None:
         loss().backward()

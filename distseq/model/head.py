@@ -1,5 +1,10 @@
-"""The temporal head: features [B, T, F] -> LSTM/GRU (or nothing) -> per-frame logits [B, T, K];
-the contract every head meets (``head_logits``), and the state a stateful one carries."""
+"""The temporal head: features [B, T, F] -> per-frame logits [B, T, K]; the contract every head
+meets (``head_logits``), the state a stateful one carries, and distseq's own heads: an LSTM or GRU
+(or nothing) here, MS-TCN (model/tcn.py) and a local-attention transformer
+(model/transformer.py).
+
+A multi-stage head (MS-TCN) returns every stage's logits, [S, B, T, K]: the loss is summed over
+the stages, and :func:`last_stage` is the prediction."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from torch import nn
 
 from distseq.config import HeadConfig, Temporal
 from distseq.errors import ModelError
+from distseq.model.tcn import MSTCN
+from distseq.model.transformer import LocalTransformer
 
 # What a stateful head carries from one window to the next: a tensor, or a tuple of them (an
 # LSTM's (h, c)), each with the batch in dim 1 as torch's RNNs keep it: [layers, B, hidden].
@@ -98,12 +105,22 @@ def head_logits(
             )
         logits = head(feats, mask)
     b, t = feats.shape[:2]
-    if not (isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[:2] == (b, t)):
+    ok = isinstance(logits, torch.Tensor) and (
+        (logits.dim() == 3 and logits.shape[:2] == (b, t))
+        or (logits.dim() == 4 and logits.shape[1:3] == (b, t))
+    )
+    if not ok:
         raise ModelError(
             f"the head returned {_described(logits)} for features of shape {list(feats.shape)}: "
-            f"a temporal head returns logits [B, T, K] = [{b}, {t}, K]"
+            f"a temporal head returns logits [B, T, K] = [{b}, {t}, K] (or [S, {b}, {t}, K], "
+            "one per stage)"
         )
     return logits
+
+
+def last_stage(logits: torch.Tensor) -> torch.Tensor:
+    """The prediction's logits [B, T, K]: a multi-stage head's last stage, or ``logits``."""
+    return logits[-1] if logits.dim() == 4 else logits
 
 
 def _described(value: Any) -> str:
@@ -152,10 +169,31 @@ class TemporalHead(nn.Module):
         return self.classifier(self.dropout(x)), after
 
 
-def build_head(in_dim: int, cfg: HeadConfig, num_classes: int) -> TemporalHead:
+def build_head(in_dim: int, cfg: HeadConfig, num_classes: int) -> nn.Module:
+    kind = Temporal(cfg.kind)  # a plain string in the config (it may be an import path too)
+    if kind is Temporal.mstcn:
+        return MSTCN(
+            in_dim,
+            num_classes,
+            stages=cfg.stages,
+            layers=cfg.layers,
+            channels=cfg.hidden,
+            dropout=cfg.dropout,
+            causal=cfg.causal,
+        )
+    if kind is Temporal.transformer:
+        return LocalTransformer(
+            in_dim,
+            num_classes,
+            width=cfg.hidden,
+            layers=cfg.layers,
+            heads=cfg.attention_heads,
+            window=cfg.window,
+            causal=cfg.causal,
+            dropout=cfg.dropout,
+        )
     rnn: nn.LSTM | nn.GRU | None = None
     out_dim = in_dim
-    kind = Temporal(cfg.kind)  # a plain string in the config (it may be an import path too)
     if kind is not Temporal.none:
         rnn_cls = nn.LSTM if kind is Temporal.lstm else nn.GRU
         rnn = rnn_cls(

@@ -30,6 +30,7 @@ from distseq.checkpoint.shared import check_shared
 from distseq.config import Config, Offload, to_yaml, with_absolute_paths
 from distseq.data.batch import Batch
 from distseq.data.format import Manifest, load_manifest
+from distseq.data.tar import expand, shard_name
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError, TrainingError, first_line
@@ -57,6 +58,7 @@ from distseq.parallel import (
     unreachable,
 )
 from distseq.train.log import MetricsLog
+from distseq.train.loss import Loss, build_loss
 from distseq.train.optim import build_optimizer
 from distseq.train.signals import Interrupted
 from distseq.train.step import check_every_parameter_has_grad, clip_grad_norm, train_step
@@ -82,6 +84,7 @@ class Run:
     skipped: list[str]  # bad samples this rank's stream skipped, from the start of the run
     carries: dict[int, Carry] | None  # data.ordered: the RNN state of each loader worker's lanes
     nodes: list[Node]  # the group's hosts, [] on one
+    loss: Loss
 
     @property
     def checkpoints(self) -> Path:
@@ -175,6 +178,11 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
     latest = latest_checkpoint(out / "checkpoints")
     plain = _model(cfg, manifest)
+    if not plain.stateful and cfg.data.window:
+        say(
+            f"model.head.kind={cfg.model.head.kind} carries no state: it learns from windows of "
+            f"data.window={cfg.data.window} frames, but predict and eval give it whole videos"
+        )
     if cfg.train.init_from and latest is None:
         warm_start(plain, cfg.train.init_from, say)  # before any wrapper: canonical keys
     elif cfg.train.init_from:
@@ -211,6 +219,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         skipped=list(saved.skipped),  # grows; rank_state stays what was read back
         carries=_carries(cfg, saved, info.device),
         nodes=found,
+        loss=build_loss(cfg.loss, manifest, _shard_names(cfg.data.train)),
     )
 
 
@@ -233,6 +242,10 @@ def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
             "name the backbone that made the feature shards"
         )
     return model
+
+
+def _shard_names(urls: str) -> list[str]:
+    return [shard_name(url) for url in expand(urls, "data.train")]
 
 
 def _carries(cfg: Config, saved: RankState, device: torch.device) -> dict[int, Carry] | None:
@@ -293,7 +306,7 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
         next(stream).to(info.device, frames_on_host=offload) for _ in range(cfg.optim.accum_steps)
     ]
     start = time.perf_counter()
-    loss, real_frames = train_step(model, optimizer, batches, info.world, run.carries)
+    loss, real_frames = train_step(model, optimizer, batches, info.world, run.carries, run.loss)
     if step == run.first_step:
         check_every_parameter_has_grad(model)
     grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from distseq.config import LossConfig
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
 from distseq.model.head import Carry
 from distseq.parallel import all_reduce_sum, gradient_sync
+from distseq.train.loss import Loss
 
 
 def check_every_parameter_has_grad(model: nn.Module) -> None:
@@ -39,32 +40,31 @@ def train_step(
     micro_batches: list[Batch],
     world: int,
     carries: dict[int, Carry] | None = None,
+    loss: Loss | None = None,
 ) -> tuple[float, int]:
     """Forward and backward over the micro-batches of one optimizer step.
 
-    Returns the mean loss per labelled frame over the global batch and the global count of real
-    frames (labelled or not). Each rank's loss is scaled so that the gradient average that DDP
-    and FSDP perform gives exactly the gradient of the global mean, whatever the padding and
-    the unlabelled frames on each rank.
+    Returns the loss over the global batch (train/loss.py: a mean per labelled frame, or per
+    weight) and the global count of real frames (labelled or not). Each rank's loss is scaled so
+    that the gradient average that DDP and FSDP perform gives exactly the gradient of the global
+    loss, whatever the padding and the unlabelled frames on each rank.
 
     ``carries`` (ordered mode): the RNN state of each loader worker's lanes, carried across
-    batches; each worker's batches continue its own videos.
+    batches; each worker's batches continue its own videos. ``loss``: plain cross-entropy if
+    None.
     """
-    counts = torch.stack(
-        [torch.stack([b.mask.sum(), (b.labels >= 0).sum()]) for b in micro_batches]
+    loss = loss or Loss(LossConfig(), None)
+    counts = all_reduce_sum(
+        torch.stack([loss.counts(b.labels, b.mask) for b in micro_batches]).sum(0)
     )
-    real, labelled = all_reduce_sum(counts.sum(0).double()).unbind()
-    labelled = labelled.clamp(min=1)  # a step of unlabelled frames alone: no loss, no gradient
-    total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].mask.device)
+    sums = torch.zeros(2, dtype=torch.float64, device=micro_batches[0].mask.device)
     for i, batch in enumerate(micro_batches):
         carry = None if carries is None else carries.setdefault(batch.worker, Carry())
         if carry is not None:
             carry.reset(batch.starts)
         with gradient_sync(model, enabled=i == len(micro_batches) - 1):
-            logits = model(batch.frames, batch.mask, carry)
-            loss_sum = F.cross_entropy(
-                logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="sum"
-            )
-            (loss_sum * (world / labelled)).backward()
-        total += loss_sum.detach().double()
-    return float(all_reduce_sum(total) / labelled), int(real)
+            ce, smooth = loss.sums(model(batch.frames, batch.mask, carry), batch.labels, batch.mask)
+            (loss.total(ce, smooth, counts) * world).backward()
+        sums += torch.stack([ce.detach(), smooth.detach()]).double()
+    ce, smooth = all_reduce_sum(sums).unbind()
+    return float(loss.total(ce, smooth, counts)), int(counts[0])

@@ -1,0 +1,122 @@
+"""A transformer encoder over frame features whose attention is local, so that it scales to
+whole videos: a frame attends to the frames less than ``window`` away (earlier ones only when
+``causal``), in blocks of ``window`` frames that each see their neighbour blocks. Memory and time
+grow as T x window, not T^2; ``layers`` blocks see ``layers x (window - 1)`` frames each way.
+
+features [B, T, F] + mask [B, T] -> logits [B, T, K]. Positions enter as sinusoids of the frame
+index, added to the projected features. Padding is never attended to, so a video gives the same
+outputs in a padded batch as alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _blocks(x: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    """[..., n * window, E] -> each block of ``window`` with the one before (and after, unless
+    ``causal``), zero beyond the ends: [..., n, 2 or 3 x window, E]."""
+    b = x.unflatten(-2, (x.shape[-2] // window, window))  # [..., n, W, E]
+    parts = [F.pad(b, (0, 0, 0, 0, 1, 0))[..., :-1, :, :], b]
+    if not causal:
+        parts.append(F.pad(b, (0, 0, 0, 0, 0, 1))[..., 1:, :, :])
+    return torch.cat(parts, dim=-2)
+
+
+class LocalAttention(nn.Module):
+    def __init__(self, width: int, heads: int, window: int, causal: bool) -> None:
+        super().__init__()
+        self.heads, self.window, self.causal = heads, window, causal
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        w = self.window
+        pad = -t % w
+        n = (t + pad) // w
+        # [B, T, 3D] -> q, k, v [B, H, n, W, d/H], the padded frames zero.
+        q, k, v = (
+            F.pad(part, (0, 0, 0, pad)).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+            for part in self.qkv(x).chunk(3, dim=-1)
+        )
+        keys, values = _blocks(k, w, self.causal), _blocks(v, w, self.causal)
+        queries = q.unflatten(-2, (n, w))
+        real = _blocks(F.pad(mask, (0, pad)).to(x.dtype)[..., None], w, self.causal)[..., 0] > 0
+        real = real[:, None, :, None, :]  # [B, 1, n, 1, keys]
+        frame = torch.arange(n * w, device=x.device)
+        # Each key's frame; -1 beyond the ends, where the blocks' zero padding is no frame.
+        key_frame = _blocks(frame[:, None] + 1, w, self.causal)[..., 0] - 1  # [n, keys]
+        frame = frame.view(n, w)
+        offset = frame[:, :, None] - key_frame[:, None, :]  # [n, W, keys]: query minus key
+        near = (offset >= 0) & (offset < w) if self.causal else offset.abs() < w
+        # A padded frame attends to itself alone: no row is empty, and no real frame sees it.
+        allowed = (near & real) | (offset == 0)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed)
+        out = out.flatten(2, 3)[:, :, :t].transpose(1, 2).flatten(2)
+        return self.proj(out)
+
+
+class Block(nn.Module):
+    """Pre-norm: x + attention(norm(x)), then x + MLP(norm(x))."""
+
+    def __init__(self, width: int, heads: int, window: int, causal: bool, dropout: float) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attention = LocalAttention(width, heads, window, causal)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attention(self.norm1(x), mask))
+        return x + self.dropout(self.mlp(self.norm2(x)))
+
+
+class LocalTransformer(nn.Module):
+    """features [B, T, F] + mask [B, T] -> logits [B, T, K]."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        classes: int,
+        *,
+        width: int,
+        layers: int,
+        heads: int,
+        window: int,
+        causal: bool,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        self.causal = causal
+        self.input = nn.Linear(in_dim, width)
+        self.blocks = nn.ModuleList(
+            Block(width, heads, window, causal, dropout) for _ in range(layers)
+        )
+        self.norm = nn.LayerNorm(width)
+        self.classifier = nn.Linear(width, classes)
+
+    def forward(self, feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.input(feats) + _positions(feats.shape[1], self.input.out_features, feats)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.classifier(self.norm(x))
+
+
+def _positions(t: int, width: int, like: torch.Tensor) -> torch.Tensor:
+    """Vaswani et al.'s sinusoids of the frame index, [T, width]."""
+    position = torch.arange(t, device=like.device, dtype=torch.float32)[:, None]
+    rate = torch.exp(
+        torch.arange(0, width, 2, device=like.device, dtype=torch.float32)
+        * (-math.log(10000.0) / width)
+    )
+    pe = torch.zeros(t, width, device=like.device)
+    pe[:, 0::2] = torch.sin(position * rate)
+    pe[:, 1::2] = torch.cos(position * rate[: width // 2])
+    return pe.to(like.dtype)
