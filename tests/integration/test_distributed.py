@@ -9,17 +9,18 @@ import torch
 
 from conftest import tiny_model, torchrun
 from distseq.train.step import clip_grad_norm, train_step
-from workers.grad_step import LR, STEPS, global_batch
+from workers.grad_step import HEADS, LR, STEPS, global_batch
 
 
-def reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def reference(head: str) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One process, no process group, the whole global batch in one micro-batch."""
-    model = tiny_model("torch", chunk=4)
+    options, loss_fn = HEADS[head]
+    model = tiny_model("torch", chunk=4, **options)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     batch = global_batch()
     losses, grads = [], {}
     for step in range(STEPS):
-        loss, _ = train_step(model, opt, [batch], world=1)
+        loss, _ = train_step(model, opt, [batch], 1, None, loss_fn)
         if step == 0:
             grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         clip_grad_norm(model, 1.0)
@@ -30,15 +31,24 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.T
 
 
 @pytest.mark.parametrize(
-    "mode,accum,holding",
-    [("fsdp", 2, "none"), ("ddp", 1, "none"), ("fsdp", 1, "keep"), ("fsdp", 1, "stages")],
+    "mode,accum,holding,head",
+    [
+        ("fsdp", 2, "none", "lstm"),
+        ("ddp", 1, "none", "lstm"),
+        ("fsdp", 1, "keep", "lstm"),
+        ("fsdp", 1, "stages", "lstm"),
+        ("fsdp", 2, "none", "mstcn"),
+        ("ddp", 1, "none", "transformer"),
+    ],
 )
-def test_two_ranks_match_one_process(mode: str, accum: int, holding: str, tmp_path: Path) -> None:
+def test_two_ranks_match_one_process(
+    mode: str, accum: int, holding: str, head: str, tmp_path: Path
+) -> None:
     # keep: the last chunks (frames 4-9 of 10) hold their activations, as a memory plan does;
     # stages: each chunk holds its late stages from a different one on. The reference recomputes
     # every chunk. Exact gradients make them one computation.
-    ref_losses, ref_grads, ref_params = reference()
-    records = torchrun("grad_step", 2, tmp_path, mode, str(accum), holding)
+    ref_losses, ref_grads, ref_params = reference(head)
+    records = torchrun("grad_step", 2, tmp_path, mode, str(accum), holding, head)
     ranks = [torch.load(tmp_path / f"out_{mode}_{r}.pt", weights_only=True) for r in (0, 1)]
 
     for name, ref in ref_grads.items():

@@ -1,8 +1,9 @@
 """One rank of a sharded training step on a fixed global batch, split across the ranks.
 
-argv: mode (fsdp|ddp), micro-batches per step, and what the chunks hold as a memory plan would
+argv: mode (fsdp|ddp), micro-batches per step, what the chunks hold as a memory plan would
 have them: ``none``, ``keep`` (the last 6 frames whole, memory.keep_frames) or ``stages`` (the
-3 chunks of 4 frames hold their late stages from stage 2, 3 and 4 on). Writes
+3 chunks of 4 frames hold their late stages from stage 2, 3 and 4 on), and the head (a key of
+HEADS: its options and its loss). Writes
 out_<mode>_<rank>.pt (full parameters after the steps, gradients of the first) and reports the
 losses.
 """
@@ -20,6 +21,8 @@ from distseq.data.batch import IGNORE_INDEX, Batch
 from distseq.memory.chunked import Hold
 from distseq.memory.stages import stage_starts
 from distseq.parallel import DistInfo, close_distributed, init_distributed, parallelize
+from distseq.config import LossConfig
+from distseq.train.loss import Loss
 from distseq.train.step import clip_grad_norm, train_step
 
 STEPS = 3
@@ -29,6 +32,19 @@ LENGTHS = [10, 6, 8, 3]
 # SGD, not AdamW: Adam's first step is lr * sign(grad), which turns 1e-7 rounding differences in
 # near-zero gradients into lr-sized parameter differences and would hide real mismatches.
 LR = 0.01
+# The heads, each with the loss it is trained with: MS-TCN's stages summed, class-weighted and
+# smoothed; the transformer weighted.
+HEADS: dict[str, tuple[dict[str, object], Loss]] = {
+    "lstm": ({}, Loss(LossConfig(), None)),
+    "mstcn": (
+        {"kind": "mstcn", "stages": 2, "layers": 3, "causal": True},
+        Loss(LossConfig(smoothing=0.15), [1.0, 2.0, 0.5]),
+    ),
+    "transformer": (
+        {"kind": "transformer", "layers": 2, "window": 3, "attention_heads": 2},
+        Loss(LossConfig(), [1.0, 2.0, 0.5]),
+    ),
+}
 
 
 def global_batch() -> Batch:
@@ -41,15 +57,16 @@ def global_batch() -> Batch:
 
 
 def main() -> None:
-    mode, accum, holding = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    mode, accum, holding, head = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     info = init_distributed()
-    steps(mode, accum, holding, info)
+    steps(mode, accum, holding, head, info)
     close_distributed()  # after steps() let go of the model, which holds the group
 
 
-def steps(mode: str, accum: int, holding: str, info: DistInfo) -> None:
+def steps(mode: str, accum: int, holding: str, head: str, info: DistInfo) -> None:
     cfg = ParallelConfig(mode=ParallelMode(mode))
-    chunked = tiny_model("torch", chunk=4)
+    options, loss_fn = HEADS[head]
+    chunked = tiny_model("torch", chunk=4, **options)
     if holding == "keep":
         chunked.keep_frames = 6
     elif holding == "stages":
@@ -66,7 +83,7 @@ def steps(mode: str, accum: int, holding: str, info: DistInfo) -> None:
     ]
     losses, grads = [], {}
     for step in range(STEPS):
-        loss, _ = train_step(model, opt, micro, info.world)
+        loss, _ = train_step(model, opt, micro, info.world, None, loss_fn)
         if step == 0:
             for name, p in getattr(model, "module", model).named_parameters():  # DDP nests
                 assert p.grad is not None, name
