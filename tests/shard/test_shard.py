@@ -144,9 +144,21 @@ def test_real_videos_read_back_as_resampled_frames_and_labels(real: Real) -> Non
         expected[key] = (clip.frames[chosen], [classes.index(clip.names[k]) for k in chosen])
     assert len(expected["bigbuckbunny"][1]) == 66  # every other frame of 132
     assert len(expected["carphone_pristine"][1]) == 51  # 120 frames at 29.97 -> 12.5 fps
+    # Label counts of the frames kept at --fps, not of the source's.
+    counts = {key: [labels.count(c) for c in range(5)] for key, (_, labels) in expected.items()}
     assert index["shards"] == {
-        "train-000000.tar": {"split": "train", "samples": 1, "frames": 66},
-        "val-000000.tar": {"split": "val", "samples": 1, "frames": 51},
+        "train-000000.tar": {
+            "split": "train",
+            "samples": 1,
+            "frames": 66,
+            "labels": counts["bigbuckbunny"],
+        },
+        "val-000000.tar": {
+            "split": "val",
+            "samples": 1,
+            "frames": 51,
+            "labels": counts["carphone_pristine"],
+        },
     }
     sources = index["sources"]
     assert sources["carphone_pristine"]["split"] == "val"
