@@ -1,5 +1,5 @@
-"""``distseq bench memory|compare|data|protocols|traffic|gpu``: benchmarks that print numbers; their
-options, each a thin run over its module."""
+"""``distseq bench memory|compare|data|protocols|traffic|gpu|heads``: benchmarks that print
+numbers; their options, each a thin run over its module."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, TypeAlias, TypeVar
 from distseq.bench.compare import CompareBench, bench_compare
 from distseq.bench.data import DataBench, bench_data
 from distseq.bench.gpu import GpuBench, bench_gpu
+from distseq.bench.heads import HeadsBench, bench_heads
 from distseq.bench.memory import MemoryBench, bench_memory
 from distseq.bench.protocols import ProtocolsBench, bench_protocols
 from distseq.bench.traffic import TrafficBench, bench_traffic
@@ -28,6 +29,7 @@ def add_parser(sub: Subparsers) -> None:
     _add_protocols(bench_sub)
     _add_traffic(bench_sub)
     _add_gpu(bench_sub)
+    _add_heads(bench_sub)
 
 
 def _options(kind: type[T], args: argparse.Namespace) -> T:
@@ -127,3 +129,21 @@ def _add_gpu(sub: Subparsers) -> None:
     p.add_argument("--out", default="runs/bench-gpu", help="for gpu.md and gpu.json")
     p.add_argument("--json", action="store_true", help="one JSON record instead of the table")
     p.set_defaults(run=lambda args: bench_gpu(_options(GpuBench, args)))
+
+
+def _add_heads(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "heads", help="LSTM, MS-TCN, transformer side by side; MS-TCN against a plain loop"
+    )
+    p.add_argument("--frames", type=int, nargs="+", default=[1000, 10000], help="T per case")
+    p.add_argument("--features", type=int, default=2048, help="F, features a frame (I3D's)")
+    p.add_argument("--classes", type=int, default=19, help="K (50Salads' 19)")
+    p.add_argument("--videos", type=int, default=40, help="training videos of the epoch rows")
+    p.add_argument("--min-frames", type=int, default=2900, help="the shortest simulated video")
+    p.add_argument("--max-frames", type=int, default=5800, help="the longest simulated video")
+    p.add_argument("--end-to-end-frames", type=int, default=1000, help="T behind the chunked CNN")
+    p.add_argument("--backbone", default="resnet18", help="the CNN of the end-to-end rows")
+    p.add_argument("--size", type=int, default=64, help="frame size of the end-to-end rows")
+    p.add_argument("--chunk", type=int, default=8, help="frames per chunk, end to end")
+    p.add_argument("--json", action="store_true", help="one JSON record per row")
+    p.set_defaults(run=lambda args: bench_heads(_options(HeadsBench, args)))

@@ -37,13 +37,13 @@ def bench_model(
 
 
 def random_sequence(
-    frames: int, size: int, device: torch.device
+    frames: int, size: int, device: torch.device, classes: int = CLASSES
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sequence of random frames, its mask and labels, the same every time."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (1, frames, 3, size, size), generator=g, dtype=torch.uint8).to(device)
     mask = torch.ones(1, frames, dtype=torch.bool, device=device)
-    return x, mask, torch.randint(0, CLASSES, (1, frames), generator=g).to(device)
+    return x, mask, torch.randint(0, classes, (1, frames), generator=g).to(device)
 
 
 def floor_bytes(
