@@ -1,7 +1,8 @@
 """``distseq shard``: videos or frame folders plus phase labels -> shards in format v1
-(``distseq.data.format``).
+(``distseq.data.format``); or, with ``--released ROOT --fold N``, the released features of an
+action-segmentation dataset (MS-TCN's layout) -> feature shards.
 
-The options, each checked, and the run over ``write.py``.
+The options, each checked, and the run over ``write.py`` (or ``released.py``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from fractions import Fraction
 from pathlib import Path
 
 from distseq.data.datasets import STANDARD_SPLITS
-from distseq.data.format import JPEG_QUALITY
+from distseq.data.format import JPEG_QUALITY, SPLITS, Manifest
 from distseq.data.label_text import read_mapping, read_video_list
 from distseq.data.sources import safe_stem
 from distseq.errors import ConfigError
+from distseq.shard.released import DEFAULT_VIDEOS_PER_SHARD, import_release
 from distseq.shard.write import Options, shard_inputs
 
 # Rates typed as rounded decimals (14.985014985) become the exact ratio (15000/1001), so that
@@ -29,10 +31,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="videos or frame folders + phase labels -> WebDataset shards",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("inputs", nargs="+", type=Path, help="video files, frame folders, or folders")
+    p.add_argument("inputs", nargs="*", type=Path, help="video files, frame folders, or folders")
     p.add_argument(
         "--labels",
-        required=True,
+        default=None,
         type=Path,
         help="folder of <stem>.txt|.csv|.tsv: rows 'frame<TAB>phase', one label per line (MS-TCN's "
         "groundTruth/), or 'start_s,end_s,phase'",
@@ -92,17 +94,95 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--workers", type=int, default=min(8, os.cpu_count() or 1), help="0: no subprocesses"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
-    p.set_defaults(run=run)
+    released = p.add_argument_group(
+        "released features",
+        "MS-TCN's release of 50Salads, Breakfast or GTEA (ROOT/features/*.npy, groundTruth/, "
+        "mapping.txt, splits/) -> feature shards for data.features=true; no videos are read",
+    )
+    released.add_argument(
+        "--released", type=Path, default=None, metavar="ROOT", help="the release's folder"
+    )
+    released.add_argument(
+        "--fold",
+        type=int,
+        default=None,
+        metavar="N",
+        help="splits/train.splitN.bundle -> train shards, test.splitN.bundle -> test shards",
+    )
+    released.add_argument(
+        "--videos-per-shard",
+        type=int,
+        default=None,
+        metavar="V",
+        help=f"videos in a shard (default {DEFAULT_VIDEOS_PER_SHARD})",
+    )
+    # What --released leaves no meaning to: given with it, each is refused by name.
+    frame_options = {dest: p.get_default(dest) for dest in _FRAME_OPTIONS}
+    p.set_defaults(run=run, frame_defaults=frame_options)
+
+
+# The options of videos and frame folders, by dest; --released takes none of them.
+_FRAME_OPTIONS = (
+    "labels",
+    "unlabelled",
+    "label_tolerance",
+    "fps",
+    "folder_fps",
+    "size",
+    "quality",
+    "max_shard_bytes",
+    "val_fraction",
+    "val",
+    "val_list",
+    "standard_split",
+    "test",
+    "test_list",
+    "train_list",
+    "window",
+    "stride",
+    "classes",
+    "mapping",
+    "workers",
+    "seed",
+)
 
 
 def _names(text: str | None) -> list[str] | None:
     return None if text is None else [name.strip() for name in text.split(",") if name.strip()]
 
 
+def _check(ok: bool, option: str, value: object, want: str) -> None:
+    if not ok:
+        raise ConfigError(f"{option} {value}: {want}")
+
+
+def parse_released(args: argparse.Namespace) -> tuple[Path, int, Path, int]:
+    """--released ROOT, --fold N, --out and --videos-per-shard, with no option of videos."""
+    if args.inputs:
+        raise ConfigError(f"--released reads no videos: drop {args.inputs[0]}")
+    for dest, default in args.frame_defaults.items():
+        if getattr(args, dest) != default:
+            raise ConfigError(
+                f"--{dest.replace('_', '-')}: not an option of --released (the release's "
+                "features, labels and splits are taken as they are)"
+            )
+    if args.fold is None:
+        raise ConfigError("--released needs --fold N: the N of splits/train.splitN.bundle")
+    _check(args.fold >= 1, "--fold", args.fold, "must be >= 1")
+    given = args.videos_per_shard
+    per_shard = DEFAULT_VIDEOS_PER_SHARD if given is None else given
+    _check(per_shard >= 1, "--videos-per-shard", per_shard, "must be >= 1")
+    return args.released, args.fold, args.out, per_shard
+
+
 def parse_options(args: argparse.Namespace) -> Options:
-    def check(ok: bool, option: str, value: object, want: str) -> None:
-        if not ok:
-            raise ConfigError(f"{option} {value}: {want}")
+    check = _check
+    for option, value in (("--fold", args.fold), ("--videos-per-shard", args.videos_per_shard)):
+        check(value is None, option, value, "is for --released ROOT")
+    if not args.inputs:
+        raise ConfigError("distseq shard needs videos, frame folders or folders (or --released)")
+    if args.labels is None:
+        raise ConfigError("distseq shard needs --labels FOLDER, the videos' label files")
 
     check(args.fps > 0, "--fps", args.fps, "must be > 0")
     folder_fps = args.fps if args.folder_fps is None else args.folder_fps
@@ -159,9 +239,30 @@ def parse_options(args: argparse.Namespace) -> Options:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.released is not None:
+        root, fold, out, per_shard = parse_released(args)
+        done = import_release(root, fold, out, per_shard)
+        splits = [sp for sp in SPLITS if any(i.split == sp for i in done.manifest.shards.values())]
+        patterns = " ".join(f"'{out}/{p}'" for p in _patterns(done.manifest, splits))
+        print(
+            f"distseq shard: {done.videos} videos in {len(done.manifest.shards)} shards "
+            f"({done.written} written, {done.skipped} already there), {done.frames} frames "
+            f"written; manifest {out / 'index.json'}; shards {patterns}"
+        )
+        return
     opts = parse_options(args)
     s = shard_inputs(opts)
     print(
         f"distseq shard: {s.processed} videos encoded, {s.skipped} already done; "
         f"{s.shards} new shards with {s.frames} frames; manifest {opts.out / 'index.json'}"
     )
+
+
+def _patterns(manifest: Manifest, splits: list[str]) -> list[str]:
+    """Each split's shards as a brace pattern (data.train, data.val take them)."""
+    found = []
+    for split in splits:
+        count = sum(info.split == split for info in manifest.shards.values())
+        last = f"{count - 1:06d}"
+        found.append(f"{split}-{{000000..{last}}}.tar" if count > 1 else f"{split}-000000.tar")
+    return found
