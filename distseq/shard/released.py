@@ -222,7 +222,12 @@ def import_release(
             frames += _write_shard(out / name, videos, bar)
     shards = {}
     for name, (split, videos) in release.shards.items():
-        samples, count, labels = shard_label_counts(out / name, len(release.classes))
+        try:
+            samples, count, labels = shard_label_counts(out / name, len(release.classes))
+        except (tarfile.TarError, OSError, ValueError, KeyError, TypeError) as e:
+            raise DataError(
+                f"{out / name}: unreadable ({first_line(e)}): delete it and import again"
+            ) from None
         if samples != len(videos):
             raise DataError(
                 f"{out / name} holds {samples} videos, {out / PLAN} says {len(videos)}: delete "

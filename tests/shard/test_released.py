@@ -119,6 +119,9 @@ def test_a_rerun_writes_only_what_is_missing(release: Release, tmp_path: Path) -
     assert (out / "train-000000.tar").read_bytes() == first  # the same bytes again
     assert (out / "index.json").read_bytes() == index
     assert not list(out.glob("*.tmp"))
+    (out / "test-000000.tar").write_bytes(b"not a tar")  # not ours: said, not overwritten
+    with pytest.raises(DataError, match=r"test-000000\.tar: unreadable"):
+        import_release(release.root, 1, out, 2)
     # Another grouping into the same --out would mix two imports: refused.
     with pytest.raises(ConfigError, match="videos_per_shard"):
         import_release(release.root, 1, out, 3)
