@@ -251,7 +251,10 @@ class HeadConfig:
         _check(self.stages >= 1, "model.head.stages", self.stages, "must be >= 1")
         _check(self.window >= 1, "model.head.window", self.window, "must be >= 1")
         _check(
-            self.attention_heads >= 1 and self.hidden % self.attention_heads == 0,
+            self.attention_heads >= 1
+            and (
+                self.kind != Temporal.transformer.value or self.hidden % self.attention_heads == 0
+            ),
             "model.head.attention_heads",
             self.attention_heads,
             f"must be >= 1 and divide model.head.hidden={self.hidden}",
