@@ -51,7 +51,9 @@ def test_an_action_segmentation_config_trains_on_imported_features(
 
 
 @pytest.mark.parametrize("name", END_TO_END)
-def test_a_cholec80_config_trains_end_to_end(name: str, shards: Path, tmp_path: Path) -> None:
+def test_a_cholec80_config_trains_end_to_end(
+    name: str, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tiny = [
         f"data.train={shards}/train-{{000000..000003}}.tar",
         f"data.val={shards}/val-{{000000..000001}}.tar",
@@ -67,3 +69,9 @@ def test_a_cholec80_config_trains_end_to_end(name: str, shards: Path, tmp_path: 
     )
     metrics = train(cfg)
     assert math.isfinite(metrics["loss"]) and 0 <= metrics["val_accuracy"] <= 1
+    # A head without state learns from windows but predicts whole videos: the run says so.
+    said = (
+        "carries no state: it learns from windows of data.window=8 frames"
+        in capsys.readouterr().out
+    )
+    assert said == (cfg.model.head.kind != "lstm")
