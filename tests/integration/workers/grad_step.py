@@ -11,17 +11,17 @@ losses.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from conftest import random_batch, report, tiny_model
-from distseq.config import ParallelConfig, ParallelMode
+from distseq.config import LossConfig, ParallelConfig, ParallelMode
 from distseq.data.batch import IGNORE_INDEX, Batch
 from distseq.memory.chunked import Hold
 from distseq.memory.stages import stage_starts
 from distseq.parallel import DistInfo, close_distributed, init_distributed, parallelize
-from distseq.config import LossConfig
 from distseq.train.loss import Loss
 from distseq.train.step import clip_grad_norm, train_step
 
@@ -34,7 +34,7 @@ LENGTHS = [10, 6, 8, 3]
 LR = 0.01
 # The heads, each with the loss it is trained with: MS-TCN's stages summed, class-weighted and
 # smoothed; the transformer weighted.
-HEADS: dict[str, tuple[dict[str, object], Loss]] = {
+HEADS: dict[str, tuple[dict[str, Any], Loss]] = {
     "lstm": ({}, Loss(LossConfig(), None)),
     "mstcn": (
         {"kind": "mstcn", "stages": 2, "layers": 3, "causal": True},
