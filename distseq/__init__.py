@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from distseq.config import Recompute
+    from distseq.config import ParamGroup, Recompute
     from distseq.errors import ConfigError, ModelError
     from distseq.memory.budget import load_plan, save_plan
     from distseq.memory.chunked import ChunkedModel
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         init_distributed,
         parallelize,
     )
+    from distseq.train.optim import param_groups
 
 # Each public name and the module that defines it.
 _HOMES = {
@@ -54,6 +55,8 @@ _HOMES = {
     "DistInfo": "distseq.parallel",
     "ModelError": "distseq.errors",
     "ConfigError": "distseq.errors",
+    "ParamGroup": "distseq.config",
+    "param_groups": "distseq.train.optim",
 }
 
 __all__ = [
@@ -62,6 +65,7 @@ __all__ = [
     "ConfigError",
     "DistInfo",
     "ModelError",
+    "ParamGroup",
     "Plan",
     "Recompute",
     "__version__",
@@ -70,6 +74,7 @@ __all__ = [
     "init_distributed",
     "load_plan",
     "parallelize",
+    "param_groups",
     "peak_memory",
     "plan_memory",
     "save_plan",

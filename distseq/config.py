@@ -337,12 +337,36 @@ class ParallelConfig:
 
 
 @dataclass
+class ParamGroup:
+    """The parameters whose names begin with ``prefix`` (``backbone``, ``head``, ``head.rnn``,
+    ``backbone.layer4``: a name or its dotted beginning), trained at their own learning rate and
+    weight decay; a parameter under several prefixes goes with the longest."""
+
+    prefix: str = ""
+    lr_scale: float = 1.0  # times optim.lr, under the same schedule
+    weight_decay: float | None = None  # None: optim.weight_decay
+
+    def __post_init__(self) -> None:
+        _check(bool(self.prefix), "optim.groups.prefix", self.prefix, "must name a prefix")
+        _check(self.lr_scale >= 0, "optim.groups.lr_scale", self.lr_scale, "must be >= 0")
+        _check(
+            self.weight_decay is None or self.weight_decay >= 0,
+            "optim.groups.weight_decay",
+            self.weight_decay,
+            "must be >= 0 (or null: optim.weight_decay)",
+        )
+
+
+@dataclass
 class OptimConfig:
     lr: float = 1e-3  # AdamW's peak learning rate
     weight_decay: float = 0.01  # AdamW's
     warmup_steps: int = 10  # linear warm-up, then cosine decay to 0 at train.steps
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     accum_steps: int = 1  # micro-batches per optimizer step
+    # Parameter groups by name prefix, each with its learning-rate scale and weight decay, e.g.
+    # [{prefix: backbone, lr_scale: 0.1}]: the pretrained CNN moves at a tenth of the head's pace.
+    groups: list[ParamGroup] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "optim.lr", self.lr, "must be > 0")
@@ -350,6 +374,13 @@ class OptimConfig:
         _check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
         _check(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "must be >= 0")
         _check(self.accum_steps >= 1, "optim.accum_steps", self.accum_steps, "must be >= 1")
+        prefixes = [g.prefix for g in self.groups]
+        _check(
+            len(set(prefixes)) == len(prefixes),
+            "optim.groups",
+            prefixes,
+            "names a prefix twice: give each prefix once",
+        )
 
 
 CLASS_WEIGHTS = ("none", "median_frequency")

@@ -14,11 +14,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Norm, Recompute
 from distseq.data.batch import IGNORE_INDEX, Batch
@@ -190,3 +193,22 @@ def torchrun(
             f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return [json.loads((tmp_path / f"result_{r}.json").read_text()) for r in range(nproc)]
+
+
+def full_state(checkpoint: Path) -> dict[str, Any]:
+    """Everything in a sharded checkpoint (model and optimizer), read without a process group."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(checkpoint, Path(tmp) / "full.pt")
+        return torch.load(Path(tmp) / "full.pt", weights_only=True)
+
+
+def assert_identical(a: Any, b: Any, key: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), key
+        for k in a:
+            assert_identical(a[k], b[k], f"{key}.{k}")
+    elif isinstance(a, torch.Tensor):
+        same = torch.equal(a, b)
+        assert same, key
+    else:
+        assert a == b, key

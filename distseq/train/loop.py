@@ -313,7 +313,9 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     average_batchnorm_stats(model)
-    lr = float(run.state.schedule.get_last_lr()[0])
+    schedule = run.state.schedule  # optim.lr's share: every group follows it, scaled
+    assert isinstance(schedule, torch.optim.lr_scheduler.LambdaLR)
+    lr = cfg.optim.lr * schedule.lr_lambdas[0](schedule.last_epoch)
     run.state.schedule.step()
     seconds = time.perf_counter() - start
     if not math.isfinite(loss):

@@ -11,19 +11,19 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import (
     REPO,
     WORKERS,
+    assert_identical,
     free_port,
+    full_state,
     launch_torchrun,
     random_batch,
     run_distseq,
@@ -72,25 +72,6 @@ def history(run_dir: Path) -> list[dict[str, Any]]:
 
 def latest(run_dir: Path) -> str:
     return (run_dir / "checkpoints" / "latest").read_text().strip()
-
-
-def full_state(checkpoint: Path) -> dict[str, Any]:
-    """Everything in a sharded checkpoint (model and optimizer), read without a process group."""
-    with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(checkpoint, Path(tmp) / "full.pt")
-        return torch.load(Path(tmp) / "full.pt", weights_only=True)
-
-
-def assert_identical(a: Any, b: Any, key: str = "") -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), key
-        for k in a:
-            assert_identical(a[k], b[k], f"{key}.{k}")
-    elif isinstance(a, torch.Tensor):
-        same = torch.equal(a, b)
-        assert same, key
-    else:
-        assert a == b, key
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:

@@ -1,0 +1,134 @@
+"""Parameter groups by name prefix (optim.groups, distseq.param_groups): which parameters each
+takes, the learning rate and weight decay each gets, and the refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import distseq
+from conftest import assert_identical, full_state, random_batch, tiny_model
+from distseq.config import OptimConfig, ParamGroup, load_config
+from distseq.errors import ConfigError
+from distseq.train.loop import train
+from distseq.train.optim import build_optimizer, param_groups
+from distseq.train.step import train_step
+
+
+def _names(model: nn.Module, groups: list[dict]) -> list[set[str]]:
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [{name_of[id(p)] for p in g["params"]} for g in groups]
+
+
+def test_each_parameter_goes_to_its_longest_prefix() -> None:
+    model = tiny_model(backbone="tiny_cnn")
+    groups = param_groups(
+        model,
+        1e-3,
+        0.01,
+        [ParamGroup("head", lr_scale=2.0), ParamGroup("head.rnn", 0.5, weight_decay=0.0)],
+    )
+    names = _names(model, groups)
+    everything = {n for n, _ in model.named_parameters()}
+    assert names[0] == {n for n in everything if n.startswith("backbone.")}
+    assert names[1] == {"head.classifier.weight", "head.classifier.bias"}
+    assert names[2] == {n for n in everything if n.startswith("head.rnn.")}
+    assert [(g["lr"], g["weight_decay"]) for g in groups] == [
+        (1e-3, 0.01),
+        (2e-3, 0.01),
+        (5e-4, 0.0),
+    ]
+
+
+def test_a_scale_of_a_tenth_moves_the_first_adamw_step_a_tenth() -> None:
+    # AdamW's first step moves a parameter by lr * g / (|g| + eps): lr to 1e-4 where |g| > 1e-4
+    # (eps is 1e-8). Without weight decay a group at lr_scale 0.1 moves by a tenth of the others'.
+    model = tiny_model(backbone="tiny_cnn")
+    cfg = OptimConfig(
+        lr=1e-2, weight_decay=0.0, warmup_steps=0, groups=[ParamGroup("backbone", 0.1)]
+    )
+    optimizer, _ = build_optimizer(model, cfg, 10)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train_step(model, optimizer, [random_batch(2, 6)], 1)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    optimizer.step()
+    for name, p in model.named_parameters():
+        moved = (p.detach() - before[name]).abs()[grads[name].abs() > 1e-4]
+        want = 1e-3 if name.startswith("backbone.") else 1e-2
+        torch.testing.assert_close(moved, torch.full_like(moved, want), rtol=1e-3, atol=0)
+
+
+def test_a_ddp_wrapped_models_names_are_the_models() -> None:
+    model = tiny_model(backbone="tiny_cnn")
+
+    class Wrapped(nn.Module):  # as DDP holds the model: its names begin with module.
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = model
+
+    groups = param_groups(Wrapped(), 1e-3, 0.0, [ParamGroup("backbone", 0.1)])
+    assert all(n.startswith("backbone.") for n in _names(model, groups)[1])
+
+
+def test_a_prefix_naming_no_parameter_is_one_line() -> None:
+    model = tiny_model(backbone="tiny_cnn")
+    for prefix in ("heads", "head.rn"):  # a dotted beginning, not any beginning
+        with pytest.raises(ConfigError, match=f"prefix '{prefix}' names no parameter") as e:
+            param_groups(model, 1e-3, 0.0, [ParamGroup(prefix)])
+        assert "begin with backbone, head" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "value,key",
+    [
+        ("[{prefix: head, lr_scale: -1}]", "optim.groups.lr_scale"),
+        ("[{prefix: head}, {prefix: head}]", "names a prefix twice"),
+        ("[{lr_scale: 2}]", "optim.groups.prefix"),
+        ("[{prefix: head, weight_decay: -0.1}]", "optim.groups.weight_decay"),
+    ],
+)
+def test_bad_groups_are_refused_by_the_config(value: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, ["data.train=s/x.tar", f"optim.groups={value}"])
+
+
+def test_groups_from_yaml_and_the_public_api(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "data: {train: s/x.tar}\noptim: {groups: [{prefix: backbone, lr_scale: 0.1}]}\n"
+    )
+    assert load_config(path, []).optim.groups == [ParamGroup("backbone", 0.1)]
+    assert distseq.param_groups is param_groups and distseq.ParamGroup is ParamGroup
+
+
+def test_a_run_with_groups_resumes_bit_exact(shards: Path, tmp_path: Path) -> None:
+    # The optimizer's state and each group's learning rate come back from the checkpoint.
+    def run(out: Path, *extra: str) -> None:
+        overrides = [
+            f"data.train={shards}/train-{{000000..000003}}.tar",
+            "data.val=",
+            "data.size=32",
+            "data.window=8",
+            "data.num_workers=0",
+            "model.backbone.name=tiny_cnn",
+            "model.head.hidden=8",
+            "parallel.mode=none",
+            "train.steps=4",
+            f"train.out_dir={out}",
+            "optim.groups=[{prefix: backbone, lr_scale: 0.1}, {prefix: head.rnn, weight_decay: 0}]",
+        ]
+        train(load_config(None, [*overrides, *extra]))
+
+    run(tmp_path / "whole")
+    run(tmp_path / "parts", "train.stop_after=2")
+    run(tmp_path / "parts")
+    final = [
+        full_state(p / "checkpoints" / "step_00000004")
+        for p in (tmp_path / "whole", tmp_path / "parts")
+    ]
+    assert_identical(final[0], final[1])
+    groups = final[0]["optim"]["param_groups"]
+    assert [g["initial_lr"] for g in groups] == pytest.approx([1e-3, 1e-4, 1e-3])
