@@ -143,6 +143,27 @@ def _adam(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=5e-4)  # MS-TCN's
 
 
+def mstcn_code_loss(stages: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """MS-TCN's loss as its train.py computes it for a batch of fully labelled videos of one
+    length, from logits [S, B, T, K]: each stage's cross-entropy plus 0.15 x its smoothing
+    term, summed."""
+    loss = torch.zeros((), device=stages.device)
+    for p in stages.transpose(2, 3):  # MS-TCN's layout: [B, K, T]
+        loss = loss + F.cross_entropy(p.transpose(2, 1).reshape(-1, p.shape[1]), labels.view(-1))
+        loss = loss + 0.15 * torch.mean(
+            torch.clamp(
+                F.mse_loss(
+                    F.log_softmax(p[:, :, 1:], dim=1),
+                    F.log_softmax(p.detach()[:, :, :-1], dim=1),
+                    reduction="none",
+                ),
+                min=0,
+                max=16,
+            )
+        )
+    return loss
+
+
 class _EpochTimer:
     """An epoch's frames and time, the first step left out of the time (a warm-up)."""
 
@@ -213,24 +234,7 @@ def plain_epoch(root: Path, args: HeadsBench) -> EpochRecord:
 
     def step(feats: torch.Tensor, labels: torch.Tensor) -> None:
         mask = torch.ones(labels.shape, dtype=torch.bool)
-        stages = model(feats, mask).transpose(2, 3)  # MS-TCN's layout: [S, B, K, T]
-        loss = torch.zeros(())
-        for p in stages:
-            loss = loss + F.cross_entropy(
-                p.transpose(2, 1).reshape(-1, args.classes), labels.view(-1)
-            )
-            loss = loss + 0.15 * torch.mean(
-                torch.clamp(
-                    F.mse_loss(
-                        F.log_softmax(p[:, :, 1:], dim=1),
-                        F.log_softmax(p.detach()[:, :, :-1], dim=1),
-                        reduction="none",
-                    ),
-                    min=0,
-                    max=16,
-                )
-            )
-        loss.backward()
+        mstcn_code_loss(model(feats, mask), labels).backward()
 
     timer = _EpochTimer()
     for name in names:

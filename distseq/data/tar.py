@@ -7,6 +7,7 @@ archive; ``read_shard`` tells the two apart and marks the sample a cut falls in.
 
 from __future__ import annotations
 
+import io
 import re
 import tarfile
 from collections.abc import Iterator
@@ -152,3 +153,12 @@ def read_error(error: BaseException) -> str:
     code = int(status[1])
     curl = f" ({_CURL_EXITS[code]})" if "'curl'" in str(error) and code in _CURL_EXITS else ""
     return f"the command exited with status {code}{curl}"
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """``data`` as member ``name`` of ``tar``, with fixed metadata, so that the same input gives
+    the same bytes (``distseq shard``, the importer of released features, ``distseq features``)."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode, info.mtime, info.uname, info.gname = 0o444, 0, "distseq", "distseq"
+    tar.addfile(info, io.BytesIO(data))

@@ -43,7 +43,7 @@ from distseq.data.format import (
     shard_label_counts,
     write_manifest,
 )
-from distseq.data.tar import expand, read_shard, shard_name
+from distseq.data.tar import add_member, expand, read_shard, shard_name
 from distseq.errors import ConfigError, DataError
 from distseq.evaluate.predict import FrameRecipe, chunks, frames_of, is_shards, videos
 from distseq.model.video import VideoModel, build_model
@@ -194,21 +194,15 @@ def _write_shards(
                 feats = backbone(frames_of(video, loaded.config.data.size))
                 array = io.BytesIO()
                 np.save(array, feats.half().numpy())  # (frames, features)
-                _add(tar, f"{video.key}.{FEATURES_MEMBER}", array.getvalue())
+                add_member(tar, f"{video.key}.{FEATURES_MEMBER}", array.getvalue())
                 labels = json.dumps({"labels": video.labels}).encode()
-                _add(tar, f"{video.key}.{LABELS_MEMBER}", labels)
+                add_member(tar, f"{video.key}.{LABELS_MEMBER}", labels)
                 done += 1
                 frames += len(feats)
                 bar.update()
         os.replace(tmp, path)
     bar.close()
     return [float(done), float(skipped), float(frames)]
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
 
 
 def _write_index(loaded: Loaded, sources: dict[str, Manifest], out: Path) -> None:

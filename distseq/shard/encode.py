@@ -5,7 +5,6 @@ its own."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import multiprocessing
 import tarfile
@@ -21,6 +20,7 @@ import torch
 from distseq.data.decode import UNLABELLED
 from distseq.data.format import LABELS_MEMBER, frame_member
 from distseq.data.sources import Source, image_files
+from distseq.data.tar import add_member
 from distseq.data.video import source_frames
 from distseq.errors import DataError
 from distseq.shard.labels import Labels, phase_names
@@ -87,14 +87,6 @@ def window_starts(n: int, window: int, stride: int) -> list[int]:
     return starts
 
 
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    # Fixed metadata, as in distseq.data.synthetic: the same input gives the same bytes.
-    info.mode, info.mtime, info.uname, info.gname = 0o444, 0, "distseq", "distseq"
-    tar.addfile(info, io.BytesIO(data))
-
-
 def init_worker() -> None:
     torch.set_num_threads(1)  # the pool already runs one video per core
 
@@ -110,9 +102,9 @@ def encode(job: Job) -> Encoded:
         for start in starts:
             key = f"{job.source.stem}_w{start:06d}" if job.window else job.source.stem
             for t, data in enumerate(jpegs[start : start + length]):
-                _add_member(tar, f"{key}.{frame_member(t)}", data)
+                add_member(tar, f"{key}.{frame_member(t)}", data)
             doc = {"labels": labels[start : start + length]}
-            _add_member(tar, f"{key}.{LABELS_MEMBER}", json.dumps(doc).encode())
+            add_member(tar, f"{key}.{LABELS_MEMBER}", json.dumps(doc).encode())
     return Encoded(job.tar, _sha256(job.source), n, float(rate), len(starts), note)
 
 

@@ -47,6 +47,7 @@ from distseq.data.format import (
 )
 from distseq.data.label_text import read_mapping, read_text, read_video_list
 from distseq.data.sources import safe_stem
+from distseq.data.tar import add_member
 from distseq.errors import ConfigError, DataError, ModelError, first_line
 from distseq.files import write_atomic
 
@@ -270,22 +271,14 @@ def _write_tar(tmp: Path, videos: list[Video], bar: tqdm) -> int:
                     )
                 data = io.BytesIO()
                 np.save(data, half, allow_pickle=False)
-                _add(tar, f"{video.key}.{FEATURES_MEMBER}", data.getvalue())
+                add_member(tar, f"{video.key}.{FEATURES_MEMBER}", data.getvalue())
                 labels = json.dumps({"labels": video.labels}).encode()
-                _add(tar, f"{video.key}.{LABELS_MEMBER}", labels)
+                add_member(tar, f"{video.key}.{LABELS_MEMBER}", labels)
                 frames += len(video.labels)
                 bar.update()
         f.flush()
         os.fsync(f.fileno())
     return frames
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    # Fixed metadata, as distseq shard writes: the same release gives the same bytes.
-    info.mode, info.mtime, info.uname, info.gname = 0o444, 0, "distseq", "distseq"
-    tar.addfile(info, io.BytesIO(data))
 
 
 class StoredFeatures(nn.Module):

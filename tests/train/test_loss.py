@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import random_batch, tiny_model
+from distseq.bench.heads import mstcn_code_loss
 from distseq.config import LossConfig, load_config
 from distseq.data.batch import IGNORE_INDEX, Batch
 from distseq.data.format import Manifest, ShardInfo
@@ -64,25 +64,12 @@ def test_the_smoothing_term_on_three_frames_by_hand() -> None:
 
 
 def test_one_video_scores_as_mstcns_code_computes_it() -> None:
-    # MS-TCN's train.py, for a batch of one fully labelled video, summed over the stages.
+    # MS-TCN's train.py's loss (as bench heads' plain loop runs it), one fully labelled video.
     torch.manual_seed(0)
     stages = torch.randn(3, 1, 20, 4, requires_grad=True)
     labels = torch.randint(0, 4, (1, 20))
     mask = torch.ones(1, 20, dtype=torch.bool)
-    ref = torch.zeros(())
-    for p in stages.transpose(2, 3):  # MS-TCN's layout: [B, K, T]
-        ref = ref + F.cross_entropy(p.transpose(2, 1).reshape(-1, 4), labels.view(-1))
-        ref = ref + 0.15 * torch.mean(
-            torch.clamp(
-                F.mse_loss(
-                    F.log_softmax(p[:, :, 1:], dim=1),
-                    F.log_softmax(p.detach()[:, :, :-1], dim=1),
-                    reduction="none",
-                ),
-                min=0,
-                max=16,
-            )
-        )
+    ref = mstcn_code_loss(stages, labels)
     loss = Loss(LossConfig(smoothing=0.15), None)
     ce, smooth = loss.sums(stages, labels, mask)
     got = loss.total(ce, smooth, loss.counts(labels, mask))
