@@ -6,6 +6,7 @@ videos with the CNN in checkpointed chunks, so gradients are exact at a fraction
     import distseq
     model = distseq.ChunkedModel(my_cnn, my_head, chunk_frames=16)
     logits = model(frames, mask)  # uint8 [B, T, 3, H, W], bool [B, T] -> [B, T, K]
+    # (a multi-stage head, MS-TCN, gives every stage's: [S, B, T, K])
 
 Names load on first use, so ``distseq`` on the command line starts without importing torch
 before it must.

@@ -37,6 +37,7 @@ class Temporal(str, Enum):
 
 
 RNNS = (Temporal.lstm.value, Temporal.gru.value)
+STATELESS = (Temporal.mstcn.value, Temporal.transformer.value)  # nothing to carry across windows
 
 
 class Recompute(str, Enum):
@@ -259,19 +260,23 @@ class HeadConfig:
             self.attention_heads,
             f"must be >= 1 and divide model.head.hidden={self.hidden}",
         )
-        _check(
-            not self.bidirectional or self.kind in RNNS,
-            "model.head.bidirectional",
-            self.bidirectional,
-            "is for an RNN (lstm or gru); mstcn and transformer see the future unless "
-            "model.head.causal=true",
-        )
-        _check(
-            not self.causal or self.kind in (Temporal.mstcn.value, Temporal.transformer.value),
-            "model.head.causal",
-            self.causal,
-            "is for mstcn and transformer; an RNN is causal unless model.head.bidirectional=true",
-        )
+        # An option of one kind given to another is a mistake, not a no-op.
+        default = HeadConfig.__dataclass_fields__
+        for key, owners in (
+            ("bidirectional", RNNS),
+            ("causal", STATELESS),
+            ("stages", (Temporal.mstcn.value,)),
+            ("window", (Temporal.transformer.value,)),
+            ("attention_heads", (Temporal.transformer.value,)),
+        ):
+            value = getattr(self, key)
+            _check(
+                value == default[key].default or self.kind in owners,
+                f"model.head.{key}",
+                value,
+                f"is for model.head.kind {' or '.join(owners)}, not {self.kind}"
+                + (" (an RNN is causal unless bidirectional)" if key == "causal" else ""),
+            )
 
 
 @dataclass
@@ -414,7 +419,8 @@ class LossConfig:
             _check(
                 isinstance(weights, list)
                 and bool(weights)
-                and all(isinstance(w, int | float) and w >= 0 for w in weights)
+                and all(isinstance(w, int | float) and not isinstance(w, bool) for w in weights)
+                and all(w >= 0 for w in weights)
                 and any(w > 0 for w in weights),
                 "loss.class_weights",
                 weights,
@@ -502,6 +508,13 @@ class Config:
             "memory.tbptt_frames",
             self.memory.tbptt_frames,
             "truncated BPTT needs a causal head (model.head.bidirectional=false)",
+        )
+        _check(
+            not self.data.ordered or self.model.head.kind not in STATELESS,
+            "data.ordered",
+            self.data.ordered,
+            f"carries a head's state across windows, and model.head.kind={self.model.head.kind} "
+            "carries none: give it whole videos (data.features with data.window=0) or windows",
         )
         _check(
             not self.memory.tbptt_frames or self.model.head.kind in RNNS,

@@ -129,7 +129,8 @@ class ChunkedModel(VideoModel):
 
     frames [B, T, C, H, W] (uint8 in [0, 255] by default; ``frames="float"`` for float) + mask
     [B, T] bool -> logits [B, T, K]. ``backbone``: any module [N, C, H, W] -> [N, F];
-    ``head``: any module (features [B, T, F], mask [B, T]) -> [B, T, K], or, if its forward takes
+    ``head``: any module (features [B, T, F], mask [B, T]) -> [B, T, K] (or [S, B, T, K], a
+    multi-stage head's every stage), or, if its forward takes
     ``state``, -> (logits, state), the state carried by a :class:`distseq.Carry` passed as the
     third argument. ``recompute``: "torch" (non-reentrant checkpoint), "fairscale" or "none"
     (no recompute: the plain model's memory). Gradients and BatchNorm statistics equal the plain

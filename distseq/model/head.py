@@ -1,4 +1,5 @@
-"""The temporal head: features [B, T, F] -> per-frame logits [B, T, K]; the contract every head
+"""The temporal head: features [B, T, F] -> per-frame logits [B, T, K] (or [S, B, T, K], below);
+the contract every head
 meets (``head_logits``), the state a stateful one carries, and distseq's own heads: an LSTM or GRU
 (or nothing) here, MS-TCN (model/tcn.py) and a local-attention transformer
 (model/transformer.py).
@@ -81,7 +82,8 @@ def head_logits(
     mask: torch.Tensor,
     carry: Carry | None,
 ) -> torch.Tensor:
-    """``head`` over features [B, T, F]: logits [B, T, K], checked. A stateful head starts from
+    """``head`` over features [B, T, F]: logits [B, T, K] (or [S, B, T, K]), checked. A stateful
+    head starts from
     ``carry``'s state (None: its own start) and leaves its state after in ``carry``, detached."""
     if stateful:
         # Mixed precision runs the head in the features' dtype; a carried state may be fp32.

@@ -3,14 +3,14 @@ whole videos: a frame attends to the frames less than ``window`` away (earlier o
 ``causal``), in blocks of ``window`` frames that each see their neighbour blocks. Memory and time
 grow as T x window, not T^2; ``layers`` blocks see ``layers x (window - 1)`` frames each way.
 
-features [B, T, F] + mask [B, T] -> logits [B, T, K]. Positions enter as sinusoids of the frame
-index, added to the projected features. Padding is never attended to, so a video gives the same
-outputs in a padded batch as alone.
+features [B, T, F] + mask [B, T] -> logits [B, T, K]. Positions enter as ALiBi's biases (Press et
+al., 2022): head h adds -m_h x |i - j| to the score of frame i for frame j, so that what a frame
+sees depends on distances only, never on where a training window began: a model trained on
+windows cut anywhere in a video sees whole videos alike. Padding is never attended to, so a
+video gives the same outputs in a padded batch as alone.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -27,12 +27,20 @@ def _blocks(x: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
     return torch.cat(parts, dim=-2)
 
 
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """ALiBi's slope of each head: the geometric sequence 2^(-8 / heads), 2^(-16 / heads), ..."""
+    return torch.exp2(-8.0 * torch.arange(1, heads + 1, dtype=torch.float32) / heads)
+
+
 class LocalAttention(nn.Module):
+    slopes: torch.Tensor
+
     def __init__(self, width: int, heads: int, window: int, causal: bool) -> None:
         super().__init__()
         self.heads, self.window, self.causal = heads, window, causal
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
+        self.register_buffer("slopes", alibi_slopes(heads), persistent=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
@@ -55,8 +63,11 @@ class LocalAttention(nn.Module):
         offset = frame[:, :, None] - key_frame[:, None, :]  # [n, W, keys]: query minus key
         near = (offset >= 0) & (offset < w) if self.causal else offset.abs() < w
         # A padded frame attends to itself alone: no row is empty, and no real frame sees it.
-        allowed = (near & real) | (offset == 0)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed)
+        allowed = (near & real) | (offset == 0)  # [B, 1, n, W, keys]
+        distance = offset.abs().to(x.dtype)  # [n, W, keys]
+        bias = -self.slopes.to(x.dtype)[:, None, None, None] * distance  # [H, n, W, keys]
+        bias = bias.masked_fill(~allowed, float("-inf"))  # [B, H, n, W, keys]
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias)
         out = out.flatten(2, 3)[:, :, :t].transpose(1, 2).flatten(2)
         return self.proj(out)
 
@@ -103,20 +114,7 @@ class LocalTransformer(nn.Module):
         self.classifier = nn.Linear(width, classes)
 
     def forward(self, feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.input(feats) + _positions(feats.shape[1], self.input.out_features, feats)
+        x = self.input(feats)
         for block in self.blocks:
             x = block(x, mask)
         return self.classifier(self.norm(x))
-
-
-def _positions(t: int, width: int, like: torch.Tensor) -> torch.Tensor:
-    """Vaswani et al.'s sinusoids of the frame index, [T, width]."""
-    position = torch.arange(t, device=like.device, dtype=torch.float32)[:, None]
-    rate = torch.exp(
-        torch.arange(0, width, 2, device=like.device, dtype=torch.float32)
-        * (-math.log(10000.0) / width)
-    )
-    pe = torch.zeros(t, width, device=like.device)
-    pe[:, 0::2] = torch.sin(position * rate)
-    pe[:, 1::2] = torch.cos(position * rate[: width // 2])
-    return pe.to(like.dtype)

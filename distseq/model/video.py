@@ -23,10 +23,11 @@ from distseq.model.imported import build_imported
 
 
 class VideoModel(nn.Module):
-    """Frames [B, T, C, H, W] + mask [B, T] -> logits [B, T, K]: ``backbone`` on every real frame
-    ([N, C, H, W] -> [N, F]), then ``head`` over the sequence ((features [B, T, F], mask [B, T])
-    -> [B, T, K]; a head whose forward takes ``state`` returns (logits, state) and carries it in
-    a :class:`Carry`). ``frames`` and ``normalize`` say what the frames are (model/frames.py)."""
+    """Frames [B, T, C, H, W] + mask [B, T] -> logits [B, T, K] (a multi-stage head's
+    [S, B, T, K]): ``backbone`` on every real frame ([N, C, H, W] -> [N, F]), then ``head`` over
+    the sequence ((features [B, T, F], mask [B, T]) -> [B, T, K]; a head whose forward takes
+    ``state`` returns (logits, state) and carries it in a :class:`Carry`). ``frames`` and
+    ``normalize`` say what the frames are (model/frames.py)."""
 
     mean: torch.Tensor | None
     std: torch.Tensor | None
@@ -65,7 +66,7 @@ class VideoModel(nn.Module):
     def temporal(
         self, feats: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
     ) -> torch.Tensor:
-        """The head over features [B, T, F]: logits [B, T, K], checked."""
+        """The head over features [B, T, F]: logits [B, T, K] or [S, B, T, K], checked."""
         return head_logits(self.head, self.stateful, feats, mask, carry)
 
     def forward(
@@ -77,7 +78,8 @@ class VideoModel(nn.Module):
 
 class FeatureModel(nn.Module):
     """The temporal head alone, over features that a backbone made once (``data.features``):
-    features [B, T, F] (float16 as stored) + mask [B, T] -> logits [B, T, K]. Its keys are the
+    features [B, T, F] (float16 as stored) + mask [B, T] -> logits [B, T, K] (or a multi-stage
+    head's [S, B, T, K]). Its keys are the
     head's of a :class:`VideoModel` (``head.*``), so a warm start moves them either way."""
 
     def __init__(self, head: nn.Module, feature_dim: int) -> None:

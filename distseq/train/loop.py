@@ -175,6 +175,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         write_atomic(out / "config.yaml", to_yaml(cfg))
     check_shared(out)
     manifest = load_manifest(cfg.data)
+    loss = build_loss(cfg.loss, manifest, _shard_names(cfg.data.train))  # its faults before work
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
     latest = latest_checkpoint(out / "checkpoints")
     plain = _model(cfg, manifest)
@@ -219,7 +220,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         skipped=list(saved.skipped),  # grows; rank_state stays what was read back
         carries=_carries(cfg, saved, info.device),
         nodes=found,
-        loss=build_loss(cfg.loss, manifest, _shard_names(cfg.data.train)),
+        loss=loss,
     )
 
 

@@ -12,7 +12,7 @@ from conftest import random_batch, tiny_model
 from distseq.config import HeadConfig, LossConfig, load_config
 from distseq.errors import ConfigError
 from distseq.model.head import build_head, head_logits, last_stage
-from distseq.model.transformer import LocalAttention
+from distseq.model.transformer import LocalAttention, alibi_slopes
 from distseq.train.loss import Loss
 
 HEADS = {
@@ -130,10 +130,26 @@ def test_local_attention_is_dense_attention_restricted_to_the_window(causal: boo
     near = ((i - j) >= 0) & ((i - j) < w) if causal else (i - j).abs() < w
     allowed = near & mask[:, None, None, :]
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(width // heads)
+    scores = scores - alibi_slopes(heads)[:, None, None] * (i - j).abs()  # ALiBi's distance bias
     weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
     ref = attention.proj((weights @ v).transpose(1, 2).flatten(2))
     torch.testing.assert_close(got[0], ref[0])
     torch.testing.assert_close(got[1, :8], ref[1, :8])  # the padded frames' rows are not used
+
+
+@pytest.mark.parametrize("name", ["transformer", "transformer_causal", "mstcn"])
+def test_a_window_cut_anywhere_gives_its_inner_frames_the_whole_videos_outputs(name: str) -> None:
+    # What a frame sees depends on distances, never on where a training window began: frames
+    # whose reach lies inside the window get the whole video's outputs. The transformer's 2
+    # blocks reach 2 x (3 - 1) = 4 frames each way; MS-TCN's 3 layers 7 (one stage: the second
+    # sees the first's reach again), so 14.
+    module = head(name)
+    reach = 14 if name == "mstcn" else 4
+    feats, mask = torch.randn(1, 80, 6), torch.ones(1, 80, dtype=torch.bool)
+    whole = logits(module, feats, mask)[0]
+    cut = logits(module, feats[:, 20:60], mask[:, 20:60])[0]
+    inner = slice(reach, 40 - reach)
+    torch.testing.assert_close(cut[inner], whole[20:60][inner], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -145,6 +161,10 @@ def test_local_attention_is_dense_attention_restricted_to_the_window(causal: boo
         (["model.head.kind=mstcn", "model.head.bidirectional=true"], "model.head.bidirectional"),
         (["model.head.kind=gru", "model.head.causal=true"], "model.head.causal"),
         (["model.head.kind=mstcn", "memory.tbptt_frames=8"], "memory.tbptt_frames"),
+        (["model.head.kind=lstm", "model.head.stages=2"], "model.head.stages=2: is for"),
+        (["model.head.kind=mstcn", "model.head.window=64"], "model.head.window=64: is for"),
+        (["model.head.kind=none", "model.head.causal=true"], "model.head.causal"),
+        (["model.head.kind=transformer", "data.ordered=true"], "data.ordered"),
         (["model.head.kind=tcn"], "model.head.kind"),
     ],
 )

@@ -119,7 +119,13 @@ def test_class_weights_of_the_wrong_length_are_one_line() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["loss.class_weights=inverse", "loss.class_weights=[-1,2]", "loss.class_weights=[0,0]"]
+    "value",
+    [
+        "loss.class_weights=inverse",
+        "loss.class_weights=[-1,2]",
+        "loss.class_weights=[0,0]",
+        "loss.class_weights=[true,false]",
+    ],
 )
 def test_bad_class_weights_are_refused_by_the_config(value: str) -> None:
     with pytest.raises(ConfigError, match=r"loss\.class_weights"):
