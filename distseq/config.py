@@ -350,9 +350,20 @@ class ParamGroup:
     prefix: str = ""
     lr_scale: float = 1.0  # times optim.lr, under the same schedule
     weight_decay: float | None = None  # None: optim.weight_decay
+    # N > 0: the group does not change through step N (no update, no optimizer state, its
+    # BatchNorm statistics kept), then trains, its learning rate warming up linearly over
+    # warmup_steps steps.
+    frozen_until: int = 0
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         _check(bool(self.prefix), "optim.groups.prefix", self.prefix, "must name a prefix")
+        _check(
+            self.frozen_until >= 0, "optim.groups.frozen_until", self.frozen_until, "must be >= 0"
+        )
+        _check(
+            self.warmup_steps >= 0, "optim.groups.warmup_steps", self.warmup_steps, "must be >= 0"
+        )
         _check(self.lr_scale >= 0, "optim.groups.lr_scale", self.lr_scale, "must be >= 0")
         _check(
             self.weight_decay is None or self.weight_decay >= 0,

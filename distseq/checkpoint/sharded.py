@@ -43,7 +43,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils._pytree import tree_leaves
@@ -331,6 +336,25 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+def _without_unsaved_state(optim_state: dict[str, Any], path: Path) -> bool:
+    """Drop from the template DCP loads into the optimizer state of each parameter that had none
+    when ``path`` was saved: a group frozen then (optim.groups' frozen_until) gets its AdamW
+    state at its first update, and ``get_state_dict`` makes state for every parameter. Loaded
+    without it, the parameter has none again, as in the run that saved it."""
+    try:
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as e:  # a missing or corrupt .metadata: whatever the reader raises
+        raise unreadable("checkpoint", path, e) from None
+    unsaved = [
+        name
+        for name, entries in optim_state["state"].items()
+        if not any(f"optim.state.{name}.{key}" in saved for key in entries)
+    ]
+    for name in unsaved:
+        del optim_state["state"][name]
+    return bool(unsaved)
+
+
 def load_sharded(state: dict[str, Any], path: Path) -> None:
     """Fill ``state``'s tensors in place from the DCP checkpoint at ``path``, resharding."""
     try:
@@ -383,10 +407,12 @@ def load_checkpoint(path: Path, state: TrainState) -> Resumed:
     meta = read_meta(path)
     _check_compatible(path, meta, state)
     model_state, optim_state = get_state_dict(state.model, state.optimizer)
+    partial = _without_unsaved_state(optim_state, path)
     load_sharded({"model": model_state, "optim": optim_state}, path)
-    set_state_dict(
-        state.model, state.optimizer, model_state_dict=model_state, optim_state_dict=optim_state
-    )
+    set_model_state_dict(state.model, model_state)
+    # Not strict only where the checkpoint holds no state for some parameters, on purpose.
+    options = StateDictOptions(strict=not partial)
+    set_optimizer_state_dict(state.model, state.optimizer, optim_state, options=options)
     state.schedule.load_state_dict(meta["schedule"])
     position = Position(**meta["position"])
     say(f"distseq: resuming from {path} at step {position.step}", sys.stderr)

@@ -59,7 +59,7 @@ from distseq.parallel import (
 )
 from distseq.train.log import MetricsLog
 from distseq.train.loss import Loss, build_loss
-from distseq.train.optim import build_optimizer
+from distseq.train.optim import Freezing, build_optimizer, warmup_cosine
 from distseq.train.signals import Interrupted
 from distseq.train.step import check_every_parameter_has_grad, clip_grad_norm, train_step
 from distseq.train.warm_start import warm_start
@@ -85,6 +85,7 @@ class Run:
     carries: dict[int, Carry] | None  # data.ordered: the RNN state of each loader worker's lanes
     nodes: list[Node]  # the group's hosts, [] on one
     loss: Loss
+    freezing: Freezing  # optim.groups frozen for the first steps
 
     @property
     def checkpoints(self) -> Path:
@@ -221,6 +222,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         carries=_carries(cfg, saved, info.device),
         nodes=found,
         loss=loss,
+        freezing=Freezing(model, cfg.optim.groups),
     )
 
 
@@ -307,16 +309,17 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
         next(stream).to(info.device, frames_on_host=offload) for _ in range(cfg.optim.accum_steps)
     ]
     start = time.perf_counter()
+    run.freezing.before_step(step)
     loss, real_frames = train_step(model, optimizer, batches, info.world, run.carries, run.loss)
     if step == run.first_step:
         check_every_parameter_has_grad(model)
+    run.freezing.after_backward(step)
     grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     average_batchnorm_stats(model)
-    schedule = run.state.schedule  # optim.lr's share: every group follows it, scaled
-    assert isinstance(schedule, torch.optim.lr_scheduler.LambdaLR)
-    lr = cfg.optim.lr * schedule.lr_lambdas[0](schedule.last_epoch)
+    # optim.lr's share: every group follows it, scaled (and a frozen one from its unfreezing).
+    lr = cfg.optim.lr * warmup_cosine(cfg.optim, cfg.train.steps, run.state.schedule.last_epoch)
     run.state.schedule.step()
     seconds = time.perf_counter() - start
     if not math.isfinite(loss):

@@ -1,10 +1,10 @@
 """AdamW with linear warm-up and cosine decay to zero at ``train.steps``, over parameter groups
-by name prefix (``optim.groups``)."""
+by name prefix (``optim.groups``), some of them frozen for the run's first steps."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -12,6 +12,12 @@ from torch import nn
 
 from distseq.config import OptimConfig, ParamGroup
 from distseq.errors import ConfigError
+
+
+def _group_of(name: str, groups: Sequence[ParamGroup]) -> str:
+    """The longest of ``groups``' prefixes that ``name`` is or begins with; "" for none."""
+    under = [g.prefix for g in groups if name == g.prefix or name.startswith(g.prefix + ".")]
+    return max(under, key=len, default="")
 
 
 def param_groups(
@@ -25,8 +31,7 @@ def param_groups(
     named = list(module.named_parameters())
     members: dict[str, list[nn.Parameter]] = {"": [], **{g.prefix: [] for g in groups}}
     for name, param in named:
-        under = [g.prefix for g in groups if name == g.prefix or name.startswith(g.prefix + ".")]
-        members[max(under, key=len, default="")].append(param)
+        members[_group_of(name, groups)].append(param)
     for group in groups:
         if not members[group.prefix]:
             tops = sorted({name.split(".")[0] for name, _ in named})
@@ -43,16 +48,76 @@ def param_groups(
     return out
 
 
+class Freezing:
+    """The groups of ``optim.groups`` with ``frozen_until``: through that step their gradients
+    are dropped before clipping and the optimizer step (AdamW then neither moves them nor makes
+    state for them) and their BatchNorm layers run in eval mode (statistics used, not updated).
+
+    The backward still runs through a frozen part and its gradients are computed: freezing
+    saves no compute or memory, and the memory plan counts the part as training."""
+
+    def __init__(self, model: nn.Module, groups: Sequence[ParamGroup]) -> None:
+        module = getattr(model, "module", model)
+        self.spans: list[tuple[int, list[nn.Parameter], list[nn.modules.batchnorm._BatchNorm]]] = []
+        for group in groups:
+            if not group.frozen_until:
+                continue
+            mine: list[nn.Parameter] = [
+                p for n, p in module.named_parameters() if _group_of(n, groups) == group.prefix
+            ]
+            norms = [
+                m
+                for n, m in module.named_modules()
+                if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                and _group_of(n, groups) == group.prefix
+            ]
+            self.spans.append((group.frozen_until, mine, norms))
+
+    def before_step(self, step: int) -> None:
+        """Batch norms of the groups frozen at ``step`` in eval mode, the others as they were."""
+        for until, _, norms in self.spans:
+            for norm in norms:
+                norm.train(step > until)
+
+    def after_backward(self, step: int) -> None:
+        """The gradients of the groups frozen at ``step`` dropped."""
+        for until, params, _ in self.spans:
+            if step <= until:
+                for param in params:
+                    param.grad = None
+
+
+def warmup_cosine(cfg: OptimConfig, total_steps: int, step: int) -> float:
+    """optim.lr's factor at scheduler step ``step`` (0 at the run's step 1): a linear warm-up over
+    optim.warmup_steps, then a cosine to 0 at ``total_steps``."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     groups = param_groups(model, cfg.lr, cfg.weight_decay, cfg.groups)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def warmup_cosine(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    def factor(group: ParamGroup | None) -> Callable[[int], float]:
+        """The schedule of a group; one frozen through step ``frozen_until`` warms up over its
+        own ``warmup_steps`` once it trains."""
 
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine)
+        def of(step: int) -> float:
+            base = warmup_cosine(cfg, total_steps, step)
+            if group is None or not group.frozen_until:
+                return base
+            since = step - group.frozen_until  # 0 at the first step it trains
+            if since < 0:
+                return 0.0
+            ramp = min(1.0, (since + 1) / group.warmup_steps) if group.warmup_steps else 1.0
+            return ramp * base
+
+        return of
+
+    default: list[ParamGroup | None] = [None] * (len(groups) - len(cfg.groups))  # if any
+    lambdas = [factor(g) for g in [*default, *cfg.groups]]
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)

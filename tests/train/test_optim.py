@@ -3,6 +3,7 @@ takes, the learning rate and weight decay each gets, and the refusals."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import distseq
 from conftest import assert_identical, full_state, random_batch, tiny_model
 from distseq.config import OptimConfig, ParamGroup, load_config
 from distseq.errors import ConfigError
+from distseq.model.video import build_model
 from distseq.train.loop import train
 from distseq.train.optim import build_optimizer, param_groups
 from distseq.train.step import train_step
@@ -104,31 +106,91 @@ def test_groups_from_yaml_and_the_public_api(tmp_path: Path) -> None:
     assert distseq.param_groups is param_groups and distseq.ParamGroup is ParamGroup
 
 
+def _run(shards: Path, out: Path, groups: str, *extra: str) -> None:
+    """4 steps of a tiny CNN with BatchNorm and an LSTM on the test shards, under ``groups``."""
+    overrides = [
+        f"data.train={shards}/train-{{000000..000003}}.tar",
+        "data.val=",
+        "data.size=32",
+        "data.window=8",
+        "data.num_workers=0",
+        "model.backbone.name=tiny_cnn",
+        "model.backbone.norm=batchnorm",
+        "model.head.hidden=8",
+        "parallel.mode=none",
+        "optim.warmup_steps=0",
+        "train.steps=4",
+        f"train.out_dir={out}",
+        f"optim.groups={groups}",
+    ]
+    train(load_config(None, [*overrides, *extra]))
+
+
+def _step(out: Path, step: int) -> dict:
+    return full_state(out / "checkpoints" / f"step_{step:08d}")
+
+
 def test_a_run_with_groups_resumes_bit_exact(shards: Path, tmp_path: Path) -> None:
     # The optimizer's state and each group's learning rate come back from the checkpoint.
-    def run(out: Path, *extra: str) -> None:
-        overrides = [
-            f"data.train={shards}/train-{{000000..000003}}.tar",
-            "data.val=",
-            "data.size=32",
-            "data.window=8",
-            "data.num_workers=0",
-            "model.backbone.name=tiny_cnn",
-            "model.head.hidden=8",
-            "parallel.mode=none",
-            "train.steps=4",
-            f"train.out_dir={out}",
-            "optim.groups=[{prefix: backbone, lr_scale: 0.1}, {prefix: head.rnn, weight_decay: 0}]",
-        ]
-        train(load_config(None, [*overrides, *extra]))
-
-    run(tmp_path / "whole")
-    run(tmp_path / "parts", "train.stop_after=2")
-    run(tmp_path / "parts")
-    final = [
-        full_state(p / "checkpoints" / "step_00000004")
-        for p in (tmp_path / "whole", tmp_path / "parts")
-    ]
+    groups = "[{prefix: backbone, lr_scale: 0.1}, {prefix: head.rnn, weight_decay: 0}]"
+    _run(shards, tmp_path / "whole", groups)
+    _run(shards, tmp_path / "parts", groups, "train.stop_after=2")
+    _run(shards, tmp_path / "parts", groups)
+    final = [_step(tmp_path / run, 4) for run in ("whole", "parts")]
     assert_identical(final[0], final[1])
-    groups = final[0]["optim"]["param_groups"]
-    assert [g["initial_lr"] for g in groups] == pytest.approx([1e-3, 1e-4, 1e-3])
+    assert [g["initial_lr"] for g in final[0]["optim"]["param_groups"]] == pytest.approx(
+        [1e-3, 1e-4, 1e-3]
+    )
+
+
+def test_a_frozen_group_stays_through_its_step_then_trains_and_resumes_bit_exact(
+    shards: Path, tmp_path: Path
+) -> None:
+    groups = "[{prefix: backbone, frozen_until: 2, warmup_steps: 2}]"
+    _run(shards, tmp_path / "parts", groups, "train.stop_after=2")
+    torch.manual_seed(0)  # train.seed: the run's first parameters
+    cfg = load_config(
+        None,
+        [
+            "data.train=x.tar",
+            "model.backbone.name=tiny_cnn",
+            "model.backbone.norm=batchnorm",
+            "model.head.hidden=8",
+        ],
+    )
+    initial = build_model(cfg.model, 3).state_dict()
+    at2 = _step(tmp_path / "parts", 2)
+    backbone = [k for k in initial if k.startswith("backbone.")]
+    assert any(k.endswith("running_mean") for k in backbone)
+    for key in backbone:  # weights and BatchNorm statistics alike
+        assert torch.equal(at2["model"][key], initial[key]), key
+    assert not torch.equal(
+        at2["model"]["head.classifier.weight"], initial["head.classifier.weight"]
+    )
+    state = at2["optim"]["state"]
+    assert state and not [k for k in state if k.startswith("backbone.")]  # no AdamW state
+    _run(shards, tmp_path / "parts", groups)
+    at4 = _step(tmp_path / "parts", 4)
+    assert not torch.equal(at4["model"]["backbone.0.weight"], initial["backbone.0.weight"])
+    assert [k for k in at4["optim"]["state"] if k.startswith("backbone.")]
+    # The backbone's learning rate at step 3, its first: half of optim.lr's, warming up over 2.
+    _run(shards, tmp_path / "whole", groups)
+    assert_identical(_step(tmp_path / "whole", 4), at4)
+
+
+def test_the_frozen_groups_schedule() -> None:
+    model = tiny_model(backbone="tiny_cnn")
+    groups = [ParamGroup("backbone", frozen_until=2, warmup_steps=4)]
+    cfg = OptimConfig(lr=1.0, warmup_steps=0, groups=groups)
+    optimizer, schedule = build_optimizer(model, cfg, 100)
+    lrs = []
+    for _ in range(7):
+        lrs.append([g["lr"] for g in optimizer.param_groups])
+        optimizer.step()
+        schedule.step()
+    cosine = [0.5 * (1 + math.cos(math.pi * s / 100)) for s in range(7)]
+    assert [lr[0] for lr in lrs] == pytest.approx(cosine)  # the head: optim.lr's schedule
+    ramp = [0, 0, 1 / 4, 2 / 4, 3 / 4, 1, 1]  # steps 1-2 frozen, then 4 steps of warm-up
+    assert [lr[1] for lr in lrs] == pytest.approx(
+        [r * c for r, c in zip(ramp, cosine, strict=True)]
+    )
