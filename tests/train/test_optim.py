@@ -173,7 +173,7 @@ def test_a_frozen_group_stays_through_its_step_then_trains_and_resumes_bit_exact
     at4 = _step(tmp_path / "parts", 4)
     assert not torch.equal(at4["model"]["backbone.0.weight"], initial["backbone.0.weight"])
     assert [k for k in at4["optim"]["state"] if k.startswith("backbone.")]
-    # The backbone's learning rate at step 3, its first: half of optim.lr's, warming up over 2.
+    # Resumed across the unfreeze, the run is the uninterrupted one to the bit.
     _run(shards, tmp_path / "whole", groups)
     assert_identical(_step(tmp_path / "whole", 4), at4)
 
