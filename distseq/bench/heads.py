@@ -119,25 +119,27 @@ def bench_head(name: str, cfg: HeadConfig, frames: int, features: int, classes: 
     return HeadRecord(name, frames, peak, seconds)
 
 
-def simulated_release(root: Path, args: HeadsBench) -> None:
-    """A release of MS-TCN's layout: ``args.videos`` training videos (and one test video) of
-    random features, their lengths drawn from [min_frames, max_frames], labelled in segments."""
+def simulated_release(
+    root: Path, *, videos: int, features: int, classes: int, min_frames: int, max_frames: int
+) -> None:
+    """A release of MS-TCN's layout: ``videos`` training videos (and one test video) of random
+    features, their lengths drawn from [min_frames, max_frames], labelled in segments."""
     rng = np.random.default_rng(0)
     for sub in ("features", "groundTruth", "splits"):
         (root / sub).mkdir(parents=True)
-    classes = [f"action{k}" for k in range(args.classes)]
-    (root / "mapping.txt").write_text("".join(f"{k} {c}\n" for k, c in enumerate(classes)))
-    names = [f"video{i:03d}" for i in range(args.videos + 1)]
-    for name in names:
-        t = int(rng.integers(args.min_frames, args.max_frames + 1))
-        feats = rng.standard_normal((args.features, t), dtype=np.float32)
-        np.save(root / "features" / f"{name}.npy", feats)
-        cuts = np.sort(rng.choice(np.arange(1, t), size=min(args.classes, t) - 1, replace=False))
-        ids = np.repeat(rng.permutation(args.classes)[: len(cuts) + 1], np.diff([0, *cuts, t]))
-        (root / "groundTruth" / f"{name}.txt").write_text("".join(classes[k] + "\n" for k in ids))
-    bundle = "".join(f"{n}.txt\n" for n in names[:-1])
+    names = [f"action{k}" for k in range(classes)]
+    (root / "mapping.txt").write_text("".join(f"{k} {c}\n" for k, c in enumerate(names)))
+    stems = [f"video{i:03d}" for i in range(videos + 1)]
+    for stem in stems:
+        t = int(rng.integers(min_frames, max_frames + 1))
+        feats = rng.standard_normal((features, t), dtype=np.float32)
+        np.save(root / "features" / f"{stem}.npy", feats)
+        cuts = np.sort(rng.choice(np.arange(1, t), size=min(classes, t) - 1, replace=False))
+        ids = np.repeat(rng.permutation(classes)[: len(cuts) + 1], np.diff([0, *cuts, t]))
+        (root / "groundTruth" / f"{stem}.txt").write_text("".join(names[k] + "\n" for k in ids))
+    bundle = "".join(f"{n}.txt\n" for n in stems[:-1])
     (root / "splits" / "train.split1.bundle").write_text(bundle)
-    (root / "splits" / "test.split1.bundle").write_text(f"{names[-1]}.txt\n")
+    (root / "splits" / "test.split1.bundle").write_text(f"{stems[-1]}.txt\n")
 
 
 def _adam(model: nn.Module) -> torch.optim.Optimizer:
@@ -275,7 +277,14 @@ def bench_heads(args: HeadsBench) -> tuple[list[HeadRecord], list[EpochRecord], 
     _print_heads(heads, args, f"Heads over {args.features} features a frame, one video, CPU")
     with tempfile.TemporaryDirectory() as tmp:
         root, shards = Path(tmp) / "release", Path(tmp) / "shards"
-        simulated_release(root, args)
+        simulated_release(
+            root,
+            videos=args.videos,
+            features=args.features,
+            classes=args.classes,
+            min_frames=args.min_frames,
+            max_frames=args.max_frames,
+        )
         import_release(root, 1, shards)
         epochs = [distseq_epoch(shards, args), plain_epoch(root, args)]
     _print_epochs(epochs, args)

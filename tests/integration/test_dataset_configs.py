@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from distseq.bench.heads import HeadsBench, simulated_release
+from distseq.bench.heads import simulated_release
 from distseq.config import load_config
 from distseq.shard.released import import_release
 from distseq.train.loop import train
@@ -24,8 +24,7 @@ FEW = ["train.steps=2", "train.log_every=1", "data.num_workers=0", "parallel.mod
 def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A release of the published layout: 5 training videos and a test video, 2048 features."""
     root, out = tmp_path_factory.mktemp("release"), tmp_path_factory.mktemp("imported")
-    shape = HeadsBench([], 2048, 4, 5, 30, 60, 0, "", 0, 0, False)
-    simulated_release(root, shape)
+    simulated_release(root, videos=5, features=2048, classes=4, min_frames=30, max_frames=60)
     import_release(root, 1, out)
     return out
 
