@@ -1,11 +1,12 @@
 """``distseq bench data``: frames/s through the training loader against plain JPEG decoding.
 
-The plain loop reads the same JPEG members out of the same tar files and decodes them, nothing
-else: the most one loader worker can deliver. The pipeline rows run ``train_batches`` (tar
-reading, shuffling, windowing, decoding, augmentation, batching) with N DataLoader workers; N=0
-runs in this process on one thread, and its ratio to the plain loop is the pipeline's
-efficiency. A worker process delivers a little less (its batches cross into the main process
-through shared memory), so the workers needed for a model's frame rate come from the 1-worker rate.
+The plain loop reads the same JPEG members out of the same tar files and decodes them with
+TorchCodec's ``decode_jpeg``, the loader's decoder, and does nothing else: the most one loader
+worker can deliver. The pipeline rows run ``train_batches`` (tar reading, shuffling, windowing,
+decoding, augmentation, batching) with N DataLoader workers; N=0 runs in this process on one
+thread, and its ratio to the plain loop is the pipeline's efficiency. A worker process delivers a
+little less (its batches cross into the main process through shared memory), so the workers
+needed for a model's frame rate come from the 1-worker rate.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pathlib import Path
 
 import torch
 import webdataset as wds
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from distseq.config import AugmentConfig, DataConfig
+from distseq.data.decode import decode_jpeg_rgb
 from distseq.data.synthetic import write_synthetic
 from distseq.data.train_stream import train_batches
 from distseq.errors import DataError
@@ -47,7 +48,7 @@ class Record:
     fps: float  # frames / seconds through train_batches, all workers together
     plain_frames: int
     plain_seconds: float
-    plain_fps: float  # decode_jpeg alone on JPEG bytes read with tarfile, one thread
+    plain_fps: float  # TorchCodec's decode_jpeg alone on JPEG bytes read with tarfile, one thread
     ratio: float  # fps / plain_fps; at workers=0 the pipeline's efficiency
     model_fps: float  # frames/s the training step consumes
     workers_needed: int  # ceil(model_fps / fps at workers=1, else 0; same augment)
@@ -65,19 +66,14 @@ def _jpegs(paths: list[str]) -> Iterator[bytes]:
                         yield f.read()
 
 
-def _decode(data: bytes) -> torch.Tensor:
-    # The same call as the loader's; frombuffer wants a writable buffer, hence the bytearray.
-    return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
-
-
 def plain_decode(paths: list[str], count: int) -> tuple[int, float]:
     """Decode ``count`` JPEGs straight from the tars; return (frames, seconds)."""
     jpegs = _jpegs(paths)
     for _ in range(WARMUP_FRAMES):  # libjpeg's and the allocator's first calls
-        _decode(next(jpegs))
+        decode_jpeg_rgb(next(jpegs))  # the loader's decode call
     start = time.perf_counter()
     for _ in range(count):
-        _decode(next(jpegs))
+        decode_jpeg_rgb(next(jpegs))
     return count, time.perf_counter() - start
 
 

@@ -1,7 +1,7 @@
 """From a sample's bytes to frames: validation against the shard format, then JPEG decoding.
 
-Validating reads only the member names and ``labels.json``; decoding uses ``torchvision.io``'s
-libjpeg and nothing else: shard data is never unpickled.
+Validating reads only the member names and ``labels.json``; decoding uses TorchCodec's JPEG
+decoder (the libjpeg-turbo its wheel ships) and nothing else: shard data is never unpickled.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import io
 import json
 import re
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
-from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
+from PIL import ExifTags, Image
+from torchcodec.decoders import decode_jpeg
 from torchvision.transforms.v2.functional import resize
 
 from distseq.data.format import FEATURES_MEMBER, FRAME_MEMBER_RE, LABELS_MEMBER
@@ -22,6 +23,7 @@ from distseq.data.tar import Sample
 from distseq.errors import DataError, first_line
 
 UNLABELLED = -1  # in labels.json: a frame that the loss and the metrics leave out
+_TRANSPOSED = {5, 6, 7, 8}  # EXIF orientations whose upright image swaps height and width
 
 
 @dataclass
@@ -113,16 +115,26 @@ def _labels(sample: Sample, frames: int, num_classes: int) -> list[int]:
 
 
 def bad_jpeg(where: str, number: int, error: Exception) -> DataError:
-    # torchvision prefixes libjpeg's message with its own source location; drop that.
+    # TorchCodec prefixes libjpeg's message with its C++ function and source location; drop that.
     reason = re.sub(r"^.*\.cpp:\d+, ", "", first_line(error))
     return DataError(f"{where}: frame {number:06d}.jpg is not a valid JPEG: {reason}")
 
 
+def decode_jpeg_rgb(data: bytes) -> torch.Tensor:
+    """One JPEG as uint8 [3, H, W], upright by its EXIF orientation if it has one, channels last
+    in memory where that does not turn it; RuntimeError or ValueError when ``data`` is not a
+    valid JPEG (``bad_jpeg`` makes that the one-line DataError)."""
+    return cast(torch.Tensor, decode_jpeg(data, mode="RGB"))  # a list only for a list of sources
+
+
 def jpeg_size(where: str, jpeg: tuple[int, bytes]) -> tuple[int, int]:
-    """(height, width) from the JPEG header alone."""
+    """(height, width) from the JPEG header alone, as decoded: upright by its EXIF orientation,
+    which the decoder applies."""
     number, data = jpeg
     try:
         with Image.open(io.BytesIO(data)) as img:
+            if img.getexif().get(ExifTags.Base.Orientation) in _TRANSPOSED:
+                return img.width, img.height
             return img.height, img.width
     except (OSError, SyntaxError, ValueError) as e:
         raise bad_jpeg(where, number, e) from None
@@ -141,9 +153,7 @@ def decode(
     out: list[torch.Tensor] = []
     for number, data in jpegs:
         try:
-            img = decode_jpeg(
-                torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB
-            )
+            img = decode_jpeg_rgb(data)
         except (RuntimeError, ValueError) as e:
             raise bad_jpeg(where, number, e) from None
         if size is not None and img.shape[-2:] != (size, size):

@@ -11,7 +11,8 @@ therefore stays near the class prior (~1/P); a CNN+RNN that detects markers and 
 Shards use the format that ``distseq.data.format`` describes: one sample per
 sequence with members ``<key>.<frame:06d>.jpg`` and ``<key>.labels.json``, plus ``index.json``.
 Output is a pure function of the arguments: per-sequence RNGs are seeded from (seed, split, index),
-tar headers carry a fixed mtime/owner, and JPEG encoding is deterministic.
+tar headers carry a fixed mtime/owner, and JPEG encoding (TorchCodec's libjpeg-turbo) is
+deterministic.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import webdataset as wds
-from torchvision.io import encode_jpeg
+from torchcodec.encoders import JpegEncoder
 
 from distseq.data.format import (
     JPEG_QUALITY,
@@ -125,7 +126,8 @@ def encode_sample(key: str, frames: torch.Tensor, labels: list[int]) -> dict[str
     """A webdataset sample dict in the shard format (``distseq shard`` writes the same)."""
     sample: dict[str, bytes | str] = {"__key__": key}
     for t in range(frames.shape[0]):
-        sample[frame_member(t)] = encode_jpeg(frames[t], quality=JPEG_QUALITY).numpy().tobytes()
+        jpeg = JpegEncoder(frames[t]).to_tensor(quality=JPEG_QUALITY)
+        sample[frame_member(t)] = jpeg.numpy().tobytes()
     sample[LABELS_MEMBER] = json.dumps({"labels": labels}).encode()
     return sample
 

@@ -1,6 +1,7 @@
 """Frames from a video file or a folder of frame images, made as ``distseq shard`` makes the
 training frames: resampled to a frame rate, resized, centre-cropped and JPEG-encoded. ``distseq
-shard`` stores them; ``distseq predict`` makes a new video's frames the same way.
+shard`` stores them; ``distseq predict`` makes a new video's frames the same way. PyAV decodes
+videos; TorchCodec decodes frame images and encodes the JPEGs.
 
 Output frame j shows source frame ``floor(j * source_fps / fps)`` (frame index based: constant
 frame rate is assumed).
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import av
 import torch
-from torchvision.io import ImageReadMode, decode_image, encode_jpeg
+from torchcodec.decoders import decode_image
+from torchcodec.encoders import JpegEncoder
 from torchvision.transforms.v2.functional import center_crop, resize
 
 from distseq.data.sources import Source, image_files
@@ -29,7 +31,8 @@ def _repeats(k: int, rate: Fraction, fps: Fraction) -> int:
 
 def _jpeg(img: torch.Tensor, size: int, quality: int) -> bytes:
     img = center_crop(resize(img, [size], antialias=True), [size, size])
-    return bytes(encode_jpeg(img.contiguous(), quality=quality).numpy().tobytes())
+    # The encoder copies the frame into the channels-last rows libjpeg reads: no contiguous().
+    return bytes(JpegEncoder(img).to_tensor(quality=quality).numpy().tobytes())
 
 
 class VideoFrames:
@@ -73,7 +76,8 @@ class VideoFrames:
 
 
 class FolderFrames:
-    """The output frames of a folder of frame images at ``rate`` frames/s, as ``VideoFrames``."""
+    """The output frames of a folder of frame images at ``rate`` frames/s, as ``VideoFrames``.
+    Each image is read as RGB (grey ones too), upright as its EXIF orientation says."""
 
     def __init__(
         self, folder: Path, rate: Fraction, fps: Fraction, size: int, quality: int
@@ -87,8 +91,8 @@ class FolderFrames:
             reps = _repeats(k, self.rate, self.fps)
             if reps:
                 try:
-                    img = decode_image(str(image), mode=ImageReadMode.RGB)
-                except (RuntimeError, OSError) as e:
+                    img = decode_image(image, mode="RGB")
+                except (RuntimeError, OSError, ValueError) as e:
                     raise DataError(
                         f"{image}: not a readable image: {str(e).splitlines()[0]}"
                     ) from None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 import webdataset as wds
-from torchvision.io import encode_jpeg
+from torchcodec.encoders import JpegEncoder
 from torchvision.transforms.v2.functional import resize
 
 from distseq.config import AugmentConfig, DataConfig
@@ -85,7 +85,7 @@ def _static_videos(root: Path, count: int = 4, frames: int = 6) -> DataConfig:
     with wds.TarWriter(str(root / "static-000000.tar"), encoder=False) as sink:
         for i in range(count):
             image = torch.randint(0, 256, (3, 48, 48), generator=g, dtype=torch.uint8)
-            jpeg = encode_jpeg(image, quality=90).numpy().tobytes()
+            jpeg = JpegEncoder(image).to_tensor(quality=90).numpy().tobytes()
             sample: dict[str, bytes | str] = {"__key__": f"static-{i}"}
             sample.update({f"{t:06d}.jpg": jpeg for t in range(frames)})
             sample["labels.json"] = json.dumps({"labels": [0] * frames}).encode()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.io import encode_jpeg
+from torchcodec.encoders import JpegEncoder
 
 from distseq.config import DataConfig
 from distseq.data import train_stream
@@ -140,7 +140,7 @@ def _sample(key: str, n: int = 3, labels: list[int] | None = None) -> dict[str, 
     sample: dict[str, bytes | str] = {"__key__": key}
     for t in range(n):
         img = torch.full((3, 16, 16), 40 * t, dtype=torch.uint8)
-        sample[f"{t:06d}.jpg"] = encode_jpeg(img, quality=90).numpy().tobytes()
+        sample[f"{t:06d}.jpg"] = JpegEncoder(img).to_tensor(quality=90).numpy().tobytes()
     sample["labels.json"] = json.dumps({"labels": [0] * n if labels is None else labels}).encode()
     return sample
 

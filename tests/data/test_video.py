@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.io import decode_jpeg, write_png
+from torchcodec.encoders import PngEncoder
 
+from distseq.data.decode import decode_jpeg_rgb
 from distseq.data.sources import Source
 from distseq.data.video import _repeats, source_frames
 from distseq.errors import DataError
@@ -34,9 +35,9 @@ def test_a_frame_folder_is_resampled_and_squared(tmp_path: Path) -> None:
     folder = tmp_path / "clip"
     folder.mkdir()
     for k in range(4):  # 40 x 20 frames, each one grey level brighter
-        write_png(torch.full((3, 20, 40), 40 * k, dtype=torch.uint8), str(folder / f"{k}.png"))
+        PngEncoder(torch.full((3, 20, 40), 40 * k, dtype=torch.uint8)).to_file(folder / f"{k}.png")
     frames = source_frames(Source("clip", folder, True), Fraction(1), Fraction(2), 16, 95)
-    made = [(k, decode_jpeg(torch.frombuffer(bytearray(j), dtype=torch.uint8))) for k, j in frames]
+    made = [(k, decode_jpeg_rgb(j)) for k, j in frames]
     assert [k for k, _ in made] == [0, 2]  # 2 frames/s shown at 1
     for k, image in made:
         assert image.shape == (3, 16, 16)  # short side 16, centre-cropped square

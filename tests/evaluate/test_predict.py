@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.io import decode_png
+from torchcodec.decoders import decode_png
 
 from conftest import random_batch, tiny_model
 from distseq.checkpoint.export import Loaded

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.io import decode_png
+from torchcodec.decoders import decode_png
 
 from conftest import tiny_config
 from distseq.cli import main

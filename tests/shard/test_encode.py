@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.io import write_png
+from torchcodec.encoders import PngEncoder
 
 from distseq.data.sources import Source
 from distseq.shard.encode import Job, encode, window_starts
@@ -33,7 +33,7 @@ def test_a_frame_folder_becomes_labelled_samples(tmp_path: Path) -> None:
     folder = tmp_path / "clip"
     folder.mkdir()
     for k in range(6):
-        write_png(torch.full((3, 8, 8), 30 * k, dtype=torch.uint8), str(folder / f"{k}.png"))
+        PngEncoder(torch.full((3, 8, 8), 30 * k, dtype=torch.uint8)).to_file(folder / f"{k}.png")
     (tmp_path / "clip.txt").write_text("".join(f"{k}\t{'ab'[k // 3]}\n" for k in range(6)))
     job = Job(
         source=Source("clip", folder, True),

@@ -20,7 +20,7 @@ from pathlib import Path
 import av
 import pytest
 import torch
-from torchvision.io import write_png
+from torchcodec.encoders import PngEncoder
 from torchvision.transforms.v2.functional import center_crop, resize
 
 from conftest import REPO
@@ -232,7 +232,7 @@ def frame_folder(path: Path, n: int, height: int = 40, width: int = 48) -> torch
     for k in range(n):
         img = torch.stack([ramp * 200, torch.full_like(ramp, 20.0 * k), 200 - ramp * 200])
         frames.append(img.round().to(torch.uint8))
-        write_png(frames[-1], str(path / f"frame_{k + 1}.png"))
+        PngEncoder(frames[-1]).to_file(path / f"frame_{k + 1}.png")
     return torch.stack(frames)
 
 
