@@ -1,4 +1,4 @@
-"""``distseq bench memory|compare|data|protocols|traffic|gpu|heads``: benchmarks that print
+"""``distseq bench memory|compare|data|protocols|traffic|gpu|heads|recipes``: benchmarks that print
 numbers; their options, each a thin run over its module."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from distseq.bench.gpu import GpuBench, bench_gpu
 from distseq.bench.heads import HeadsBench, bench_heads
 from distseq.bench.memory import MemoryBench, bench_memory
 from distseq.bench.protocols import ProtocolsBench, bench_protocols
+from distseq.bench.recipes import RECIPES, STAGE3, RecipesBench, bench_recipes
 from distseq.bench.traffic import TrafficBench, bench_traffic
 from distseq.config import Recompute
 
@@ -30,6 +31,7 @@ def add_parser(sub: Subparsers) -> None:
     _add_traffic(bench_sub)
     _add_gpu(bench_sub)
     _add_heads(bench_sub)
+    _add_recipes(bench_sub)
 
 
 def _options(kind: type[T], args: argparse.Namespace) -> T:
@@ -147,3 +149,36 @@ def _add_heads(sub: Subparsers) -> None:
     p.add_argument("--chunk", type=int, default=8, help="frames per chunk, end to end")
     p.add_argument("--json", action="store_true", help="one JSON record per row")
     p.set_defaults(run=lambda args: bench_heads(_options(HeadsBench, args)))
+
+
+def _add_recipes(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "recipes",
+        help="does end to end pay on my data? per-frame, TBPTT, two-stage, three-stage, exact",
+    )
+    p.add_argument("config", help="the config of the end-to-end model, with data.train and .val")
+    p.add_argument(
+        "overrides", nargs="*", help="key=value overrides for every run, right after CONFIG"
+    )
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps of every training")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="train.seed values")
+    p.add_argument("--tbptt", type=int, default=64, help="k of TBPTT-k (memory.tbptt_frames)")
+    p.add_argument("--eval-every", type=int, default=20, help="steps between validations")
+    p.add_argument("--recipes", nargs="+", default=list(RECIPES), help=" ".join(RECIPES))
+    p.add_argument(
+        "--stage2",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of two_stage's head training (repeat the option for more)",
+    )
+    p.add_argument(
+        "--stage3",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"an override of stage 3, after its measured {' '.join(STAGE3)} (repeatable)",
+    )
+    p.add_argument("--out", default="runs/bench-recipes", help="the runs, recipes.md, .json, .png")
+    p.add_argument("--json", action="store_true", help="one JSON record per recipe and seed")
+    p.set_defaults(run=lambda args: bench_recipes(_options(RecipesBench, args)))

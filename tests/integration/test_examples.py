@@ -4,6 +4,7 @@ head of one's own trained and scored by the command line through its import path
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -11,7 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from conftest import REPO, launch_torchrun
+from distseq.data.format import find_manifest
 
 EXAMPLES = REPO / "examples"
 
@@ -95,3 +100,30 @@ def test_a_head_of_one_s_own_trains_and_is_scored_through_its_import_path(
         "distseq: error: config key data.ordered: carries a head's state across windows, and "
         "model.head.kind=tcn_head:make_head carries none (its forward takes no state)"
     )
+
+
+def test_footage_recall_labels_each_frame_with_the_clip_before_its_own(tmp_path: Path) -> None:
+    small = ["--out", str(tmp_path / "data"), "--train", "2", "--val", "1", "--length", "400"]
+    proc = run(str(EXAMPLES / "footage_recall.py"), *small, "--size", "16", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = find_manifest("", str(tmp_path / "data" / "index.json"), "--out")
+    assert manifest.classes == ["bikes", "bunny", "carphone"] and manifest.fps == 25.0
+    assert sorted(manifest.shards) == ["train-000000.tar", "val-000000.tar"]
+
+    sys.path.insert(0, str(EXAMPLES))
+    import footage_recall
+
+    # A clip of 4 frames played for 9 from its third: 2 3 2 1 0 1 2 3 2.
+    assert footage_recall.back_and_forth(4, 2, 9) == [2, 3, 2, 1, 0, 1, 2, 3, 2]
+    # Three "clips" of one grey level each, so a frame tells its clip.
+    clips = [torch.full((5, 3, 2, 2), 10 * c, dtype=torch.uint8) for c in range(3)]
+    rng = np.random.default_rng(0)
+    frames, labels, shown = footage_recall.make_video(rng, clips, 1000)
+    assert frames.shape == (1000, 3, 2, 2)
+    assert [int(f[0, 0, 0]) // 10 for f in frames] == shown
+    segments = [(clip, len(list(run))) for clip, run in itertools.groupby(shown)]
+    assert all(30 <= n <= 160 for _, n in segments[:-1]) and len(segments) >= 1000 // 160
+    expected = []
+    for i, (_, n) in enumerate(segments):  # neighbours differ, so a run is one segment
+        expected += [segments[i - 1][0] if i else -1] * n
+    assert labels == expected

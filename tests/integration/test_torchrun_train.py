@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from conftest import assert_identical, full_state, tiny_config
 from conftest import run_distseq as distseq
-from conftest import tiny_config
 from distseq.checkpoint.export import load_exported
 from distseq.config import load_config
 from distseq.data.format import load_manifest
@@ -111,3 +111,36 @@ def test_a_compiled_backbone_trains_as_eager_under_fsdp_and_a_budget(
     # out +1e-9 in one run and -1e-9 in the other moves its parameter 2 lr apart.)
     assert got[0]["loss"] == pytest.approx(ref[0]["loss"], rel=1e-5)
     assert got[0]["grad_norm"] == pytest.approx(ref[0]["grad_norm"], rel=1e-5)
+
+
+def test_a_frozen_group_under_fsdp_stays_then_resumes_bit_exact_on_two_ranks(
+    tmp_path: Path, shards: Path
+) -> None:
+    config = str(tiny_config(tmp_path, shards))
+    frozen = "optim.groups=[{prefix: backbone, frozen_until: 2, warmup_steps: 2}]"
+    common = [config, frozen, "train.steps=4", "model.backbone.norm=batchnorm"]
+
+    def run(out: str, *extra: str) -> Path:
+        proc = distseq(
+            "train", *common, f"train.out_dir={tmp_path / out}", *extra, cwd=tmp_path, torchrun=2
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return tmp_path / out / "checkpoints"
+
+    parts = run("parts", "train.stop_after=2", "train.save_every=1")
+    first, second = full_state(parts / "step_00000001"), full_state(parts / "step_00000002")
+    backbone = [k for k in first["model"] if k.startswith("backbone.")]
+    assert any(k.endswith("running_mean") for k in backbone)
+    for key in backbone:  # sharded over two ranks, the frozen CNN and its statistics stay
+        assert torch.equal(first["model"][key], second["model"][key]), key
+    assert not torch.equal(
+        first["model"]["head.classifier.weight"], second["model"]["head.classifier.weight"]
+    )
+    assert not [k for k in second["optim"]["state"] if k.startswith("backbone.")]
+    whole = run("whole")
+    run("parts")  # resumed across the unfreeze at step 2
+    final = full_state(parts / "step_00000004")
+    assert not torch.equal(
+        final["model"]["backbone.conv1.weight"], second["model"]["backbone.conv1.weight"]
+    )
+    assert_identical(final, full_state(whole / "step_00000004"))
