@@ -216,10 +216,14 @@ def parallelize(
     mode: ParallelMode | str = ParallelMode.fsdp,
     precision: Precision | str = Precision.auto,
     info: DistInfo | None = None,
+    *,
+    frozen_steps: bool = False,
 ) -> nn.Module:
     """``model`` on this rank's device, sharded (``mode="fsdp"``, FSDP2), replicated (``"ddp"``)
     or as it is (``"none"``) across the torchrun group; as it is without one. ``precision``:
     "auto" (bf16 on GPU, fp32 on CPU), "bf16" (FSDP2 only) or "fp32"; gradients reduce in fp32.
+    ``frozen_steps``: some steps give some parameters no gradient (``backbone_frozen``), which
+    DDP must then look for after every backward (FSDP2 needs nothing).
 
     Parameter names stay those of ``model``: FSDP2 and DDP both keep them in ``state_dict``.
     FSDP2 shards the head as one unit and the rest, the backbone and the chunk loop, as the root:
@@ -242,7 +246,7 @@ def parallelize(
         return model
     if mode is ParallelMode.ddp:
         ids = [info.device.index] if info.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=frozen_steps)
     mp = MixedPrecisionPolicy(
         param_dtype=_param_dtype(precision, info.device), reduce_dtype=torch.float32
     )

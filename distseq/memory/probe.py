@@ -53,12 +53,14 @@ class RunShape:
 
 
 def resident_bytes(model: nn.Module) -> int:
-    """This rank's parameters (its shard under FSDP2) and AdamW's two fp32 moments for them:
-    memory that exists before a step begins, so a step's measured peak does not count it."""
+    """This rank's parameters (its shard under FSDP2) and AdamW's two fp32 moments for those
+    that train (a part frozen for the whole run has ``requires_grad`` off, and no moments):
+    memory that exists before a step begins, so a step's measured peak does not count it. A part
+    frozen for some steps counts as training: its moments exist once it trains."""
     total = 0
     for p in model.parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
-        total += local.numel() * (local.element_size() + 2 * 4)
+        total += local.numel() * (local.element_size() + (2 * 4 if p.requires_grad else 0))
     return total
 
 

@@ -9,6 +9,7 @@ the same (``backbone.conv1.weight``, ``head.rnn.weight_ih_l0``, ``head.classifie
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -27,7 +28,9 @@ class VideoModel(nn.Module):
     [S, B, T, K]): ``backbone`` on every real frame ([N, C, H, W] -> [N, F]), then ``head`` over
     the sequence ((features [B, T, F], mask [B, T]) -> [B, T, K]; a head whose forward takes
     ``state`` returns (logits, state) and carries it in a :class:`Carry`). ``frames`` and
-    ``normalize`` say what the frames are (model/frames.py)."""
+    ``normalize`` say what the frames are (model/frames.py). ``backbone_frozen``: the backbone
+    runs without autograd, so a step keeps none of its activations and runs no backward
+    through it (optim.groups' ``frozen_until`` sets it while the whole backbone is frozen)."""
 
     mean: torch.Tensor | None
     std: torch.Tensor | None
@@ -46,6 +49,7 @@ class VideoModel(nn.Module):
         self.head = head
         self.feature_dim = feature_dim  # None: learnt from the first frames the backbone sees
         self.stateful = is_stateful(head)
+        self.backbone_frozen = False
         self.input = FrameInput.of(frames, normalize)
         param = next(backbone.parameters(), None)
         if param is None:
@@ -73,7 +77,9 @@ class VideoModel(nn.Module):
         self, frames: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
     ) -> torch.Tensor:
         self.input.check(frames, mask)
-        return self.temporal(self.features(frames, mask), mask, carry)
+        with torch.no_grad() if self.backbone_frozen else nullcontext():
+            feats = self.features(frames, mask)
+        return self.temporal(feats, mask, carry)
 
 
 class FeatureModel(nn.Module):

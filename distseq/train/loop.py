@@ -59,7 +59,13 @@ from distseq.parallel import (
 )
 from distseq.train.log import MetricsLog
 from distseq.train.loss import Loss, build_loss
-from distseq.train.optim import Freezing, build_optimizer, warmup_cosine
+from distseq.train.optim import (
+    Freezing,
+    backbone_frozen_until,
+    build_optimizer,
+    freeze_for_the_run,
+    warmup_cosine,
+)
 from distseq.train.signals import Interrupted
 from distseq.train.step import check_every_parameter_has_grad, clip_grad_norm, train_step
 from distseq.train.warm_start import warm_start
@@ -189,13 +195,19 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         warm_start(plain, cfg.train.init_from, say)  # before any wrapper: canonical keys
     elif cfg.train.init_from:
         say(f"train.init_from not loaded: resuming from {latest}")
+    groups, steps = cfg.optim.groups, cfg.train.steps
+    if frozen := freeze_for_the_run(plain, groups, steps):
+        say(f"optim.groups: {frozen} parameters frozen through step {steps}, the run's last")
+    # A backbone frozen for a while and then trained gets no gradient while frozen.
+    frozen_steps = 0 < backbone_frozen_until(plain, groups) < steps
+    how = (cfg.parallel.mode, cfg.parallel.precision, info)
     if isinstance(plain, FeatureModel):  # no backbone: nothing to chunk, compile or plan
-        model = parallelize(plain, cfg.parallel.mode, cfg.parallel.precision, info)
+        model = parallelize(plain, *how)
     else:
         chunked = apply_memory_policy(plain, cfg.memory)
         if cfg.model.compile:  # before planning: the plan measures the compiled backbone
             chunked.compile_backbone(cfg.model.compile_backend)
-        model = parallelize(chunked, cfg.parallel.mode, cfg.parallel.precision, info)
+        model = parallelize(chunked, *how, frozen_steps=frozen_steps)
         if cfg.memory.budget:
             classes = manifest.num_classes
             plan_for_budget(
@@ -312,7 +324,7 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     run.freezing.before_step(step)
     loss, real_frames = train_step(model, optimizer, batches, info.world, run.carries, run.loss)
     if step == run.first_step:
-        check_every_parameter_has_grad(model)
+        check_every_parameter_has_grad(model, run.freezing.frozen_at(step))
     run.freezing.after_backward(step)
     grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
     optimizer.step()

@@ -12,6 +12,7 @@ from torch import nn
 
 from distseq.config import OptimConfig, ParamGroup
 from distseq.errors import ConfigError
+from distseq.model.video import VideoModel
 
 
 def _group_of(name: str, groups: Sequence[ParamGroup]) -> str:
@@ -48,16 +49,51 @@ def param_groups(
     return out
 
 
+def _frozen_until(name: str, groups: Sequence[ParamGroup]) -> int:
+    """The last step at which parameter ``name`` is frozen; 0 for none."""
+    prefix = _group_of(name, groups)
+    return next((g.frozen_until for g in groups if g.prefix == prefix), 0)
+
+
+def freeze_for_the_run(model: nn.Module, groups: Sequence[ParamGroup], steps: int) -> int:
+    """Turn off ``requires_grad`` for the parameters frozen through the run's last step (their
+    groups' ``frozen_until`` >= ``steps``): no gradient is computed or reduced for them and the
+    optimizer makes no state, which the memory plan then leaves out (resident_bytes). Call it on
+    the plain model, before a wrapper takes the flags over; returns how many it froze."""
+    named = list(model.named_parameters())
+    frozen = [p for n, p in named if _frozen_until(n, groups) >= steps]
+    if frozen and len(frozen) == len(named):
+        raise ConfigError(
+            f"config key optim.groups: every parameter is frozen through step {steps}, "
+            f"train.steps: nothing would train; lower frozen_until"
+        )
+    for param in frozen:
+        param.requires_grad_(False)
+    return len(frozen)
+
+
+def backbone_frozen_until(model: nn.Module, groups: Sequence[ParamGroup]) -> int:
+    """The last step at which every parameter of ``model.backbone`` is frozen; 0 for none (or
+    a model without a backbone)."""
+    module = getattr(model, "module", model)
+    names = [n for n, _ in module.named_parameters() if n.startswith("backbone.")]
+    return min((_frozen_until(n, groups) for n in names), default=0)
+
+
 class Freezing:
     """The groups of ``optim.groups`` with ``frozen_until``: through that step their gradients
     are dropped before clipping and the optimizer step (AdamW then neither moves them nor makes
     state for them) and their BatchNorm layers run in eval mode (statistics used, not updated).
 
-    The backward still runs through a frozen part and its gradients are computed: freezing
-    saves no compute or memory, and the memory plan counts the part as training."""
+    While the whole backbone is frozen it runs without autograd (``VideoModel.backbone_frozen``):
+    no activation kept, no recompute, no backward through the CNN. A frozen part of the backbone
+    alone, or of the head, still has its gradients computed (the backward passes through it to
+    what trains before it) and then dropped."""
 
     def __init__(self, model: nn.Module, groups: Sequence[ParamGroup]) -> None:
         module = getattr(model, "module", model)
+        self.model = module if isinstance(module, VideoModel) else None
+        self.backbone_until = backbone_frozen_until(module, groups)
         self.spans: list[tuple[int, list[nn.Parameter], list[nn.modules.batchnorm._BatchNorm]]] = []
         for group in groups:
             if not group.frozen_until:
@@ -74,17 +110,22 @@ class Freezing:
             self.spans.append((group.frozen_until, mine, norms))
 
     def before_step(self, step: int) -> None:
-        """Batch norms of the groups frozen at ``step`` in eval mode, the others as they were."""
+        """Batch norms of the groups frozen at ``step`` in eval mode, the others as they were,
+        and the backbone without autograd while all of it is frozen."""
         for until, _, norms in self.spans:
             for norm in norms:
                 norm.train(step > until)
+        if self.model is not None:
+            self.model.backbone_frozen = step <= self.backbone_until
+
+    def frozen_at(self, step: int) -> list[nn.Parameter]:
+        """The parameters frozen at ``step``."""
+        return [p for until, params, _ in self.spans if step <= until for p in params]
 
     def after_backward(self, step: int) -> None:
         """The gradients of the groups frozen at ``step`` dropped."""
-        for until, params, _ in self.spans:
-            if step <= until:
-                for param in params:
-                    param.grad = None
+        for param in self.frozen_at(step):
+            param.grad = None
 
 
 def warmup_cosine(cfg: OptimConfig, total_steps: int, step: int) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -14,9 +16,15 @@ from distseq.parallel import all_reduce_sum, gradient_sync
 from distseq.train.loss import Loss
 
 
-def check_every_parameter_has_grad(model: nn.Module) -> None:
-    """Fail loudly where checkpointing or sharding would silently stop a part from learning."""
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+def check_every_parameter_has_grad(model: nn.Module, frozen: Sequence[nn.Parameter] = ()) -> None:
+    """Fail loudly where checkpointing or sharding would silently stop a part from learning;
+    ``frozen``: parameters that train later (optim.groups' frozen_until)."""
+    later = {id(p) for p in frozen}
+    missing = [
+        n
+        for n, p in model.named_parameters()
+        if p.requires_grad and p.grad is None and id(p) not in later
+    ]
     if missing:
         raise TrainingError(
             f"{len(missing)} parameters got no gradient after the first step "
