@@ -12,7 +12,9 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from distseq import __version__
 from distseq.errors import ConfigError, DataError, ModelError, TrainingError
 from distseq.launch.agent import agent_gone, exit_orphaned, exit_with_agent
 from distseq.train.signals import StoppedAtStart
@@ -20,6 +22,32 @@ from distseq.train.signals import StoppedAtStart
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
 EXIT_SIGTERM = 128 + 15
+
+
+class _Help(argparse.HelpFormatter):
+    """Each option's default after its help, unless the help says it or there is none to say
+    (None, off, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or default in (None, False, "", [], argparse.SUPPRESS)
+        ):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
+        return f"{text} (default: {shown})".replace("%", "%%").strip()
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every command's parser: its subcommands' too, since a parser's subparsers are of its
+    class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     from distseq.shard import command as shard
     from distseq.train import command as train
 
-    parser = argparse.ArgumentParser(prog="distseq", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="distseq", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"distseq {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, demo, shard, export, evaluate, submit, bench):
         command.add_parser(sub)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 
 import pytest
 
 from conftest import run_distseq as distseq
 from conftest import tiny_config
+from distseq import __version__
+from distseq.cli import _parser, main
 
 
 @pytest.mark.parametrize(
@@ -66,6 +70,25 @@ def test_a_run_trains_again_from_its_own_config(tmp_path: Path, shards: Path) ->
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from" in again.stderr and "at step 3" in again.stderr
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step_00000004\n"
+
+
+def test_a_shard_folder_is_its_splits(tmp_path: Path, shards: Path) -> None:
+    # data.train and data.val name the folder distseq shard wrote; its index.json splits it:
+    # the run is the one on the config's brace patterns, validation included.
+    records = []
+    for data in ([], [f"data.train={shards}", f"data.val={shards}"]):
+        out = f"train.out_dir={tmp_path / str(len(data))}"
+        argv = [str(tiny_config(tmp_path, shards)), *data, "train.steps=1", out]
+        proc = distseq("train", *argv, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = (tmp_path / str(len(data)) / "metrics.jsonl").read_text().splitlines()
+        records.append([json.loads(line) for line in lines])
+    assert "val_accuracy" in records[0][-1]
+    timing = {"frames_per_s", "step_seconds", "data_wait_fraction"}
+    for ours, theirs in zip(*records, strict=True):
+        assert {k: v for k, v in ours.items() if k not in timing} == {
+            k: v for k, v in theirs.items() if k not in timing
+        }
 
 
 def test_an_error_during_training_stands_on_its_own_line(tmp_path: Path, shards: Path) -> None:
@@ -129,3 +152,73 @@ def test_submit_dry_run_shows_the_sbatch_script(tmp_path: Path, shards: Path) ->
         assert f"#SBATCH {line}" in proc.stdout, line
     bad = distseq("submit", config, "--time", "1 day", "--dry-run", cwd=tmp_path)
     assert bad.returncode == 2 and "--time" in bad.stderr
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser, by its command line (``distseq bench data``)."""
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        found[name] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    walk(child, f"{name} {sub}")
+
+    walk(_parser(), "distseq")
+    return found
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out == f"distseq {__version__}\n"
+
+
+def test_every_help_shows_its_defaults_and_no_markup() -> None:
+    parsers = _parsers()
+    assert {"distseq shard", "distseq bench data", "distseq train"} <= set(parsers)
+    for name, parser in parsers.items():
+        text = parser.format_help()
+        assert "``" not in text and ":class:" not in text, name
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            default = action.default
+            if default in (None, False, "", [], argparse.SUPPRESS):
+                continue
+            help_text = parser._get_formatter()._expand_help(action)
+            assert "default" in help_text, (name, action.option_strings, help_text)
+    shard = " ".join(parsers["distseq shard"].format_help().split())
+    assert "output frame rate (default: 1)" in shard and "(default: 224)" in shard
+
+
+def test_an_option_name_means_one_thing() -> None:
+    # The same option in two commands takes the same number of values in the same way.
+    kinds: dict[str, set[tuple[object, str]]] = {}
+    for parser in _parsers().values():
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS:
+                continue
+            for option in action.option_strings:
+                kinds.setdefault(option, set()).add((action.nargs, type(action).__name__))
+    assert not {o: k for o, k in kinds.items() if len(k) > 1}
+
+
+@pytest.mark.parametrize(
+    "argv,new",
+    [
+        (["bench", "traffic", "--chunks", "1", "4"], "--chunks-per-sequence"),
+        (["bench", "gpu", "--frames", "64"], "--length"),
+        (["bench", "data", "--workers", "1"], "--num-workers"),
+        (["bench", "heads", "--classes", "4"], "--num-classes"),
+    ],
+)
+def test_an_old_spelling_names_the_new_one(
+    argv: list[str], new: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"distseq: error: {argv[2]} is now {new}\n"

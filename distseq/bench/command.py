@@ -34,6 +34,19 @@ def add_parser(sub: Subparsers) -> None:
     _add_recipes(bench_sub)
 
 
+def _renamed(p: argparse.ArgumentParser, old: str, new: str) -> None:
+    """``old``, an option this command had, refused in one line naming ``new``: one meaning per
+    option name across distseq (``--frames``: several T, ``--chunk``: frames per chunk,
+    ``--classes``: class names, ``--workers``: processes)."""
+
+    class Renamed(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+            parser.exit(2, f"distseq: error: {old} is now {new}\n")
+
+    dest = "renamed_" + old.lstrip("-")
+    p.add_argument(old, action=Renamed, nargs="*", dest=dest, help=argparse.SUPPRESS)
+
+
 def _options(kind: type[T], args: argparse.Namespace) -> T:
     """The options record of a benchmark from the parsed command line: its fields by name."""
     values: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(kind)}  # type: ignore[arg-type]
@@ -80,7 +93,15 @@ def _add_data(sub: Subparsers) -> None:
     p.add_argument("--size", type=int, default=224, help="frame size of the shards (px)")
     p.add_argument("--window", type=int, default=64, help="T, frames per window (data.window)")
     p.add_argument("--count", type=int, default=2048, help="frames timed per case")
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--num-workers",
+        dest="workers",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2],
+        help="loader workers (data.num_workers), one case each",
+    )
+    _renamed(p, "--workers", "--num-workers")
     p.add_argument("--model-fps", type=float, default=1000.0, help="frames/s a step consumes")
     p.add_argument(
         "--shards", default="", help="local train shards (index.json beside); default: synthetic"
@@ -107,8 +128,17 @@ def _add_traffic(sub: Subparsers) -> None:
     )
     p.add_argument("--backbone", default="resnet18")
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--frames", type=int, default=16, help="T of each rank's sequence")
-    p.add_argument("--chunks", type=int, nargs="+", default=[1, 4], help="chunks per sequence")
+    p.add_argument("--length", dest="frames", type=int, default=16, help="T, each rank's frames")
+    p.add_argument(
+        "--chunks-per-sequence",
+        dest="chunks",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="T / chunk, one run each",
+    )
+    _renamed(p, "--frames", "--length")
+    _renamed(p, "--chunks", "--chunks-per-sequence")
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4, 6], help="ranks per run")
     p.add_argument("--modes", nargs="+", default=["fsdp", "ddp"], choices=["fsdp", "ddp"])
     p.add_argument("--json", action="store_true", help="one JSON record per row")
@@ -121,7 +151,8 @@ def _add_gpu(sub: Subparsers) -> None:
     )
     p.add_argument("--backbone", default="resnet50")
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--frames", type=int, default=256, help="T of the sequence")
+    p.add_argument("--length", dest="frames", type=int, default=256, help="T, the sequence's")
+    _renamed(p, "--frames", "--length")
     p.add_argument("--chunk", type=int, default=16, help="frames per chunk (memory.chunk_frames)")
     p.add_argument("--compile", default="inductor", help="the torch.compile backend")
     p.add_argument("--loader-frames", type=int, default=1024, help="frames the loader row times")
@@ -139,7 +170,8 @@ def _add_heads(sub: Subparsers) -> None:
     )
     p.add_argument("--frames", type=int, nargs="+", default=[1000, 10000], help="T per case")
     p.add_argument("--features", type=int, default=2048, help="F, features a frame (I3D's)")
-    p.add_argument("--classes", type=int, default=19, help="K (50Salads' 19)")
+    p.add_argument("--num-classes", dest="classes", type=int, default=19, help="K, 50Salads'")
+    _renamed(p, "--classes", "--num-classes")
     p.add_argument("--videos", type=int, default=40, help="training videos of the epoch rows")
     p.add_argument("--min-frames", type=int, default=2900, help="the shortest simulated video")
     p.add_argument("--max-frames", type=int, default=5800, help="the longest simulated video")

@@ -226,7 +226,7 @@ def bench_gpu(opts: GpuBench) -> list[Line]:
     if not cuda and not opts.dry_run:
         raise ConfigError("distseq bench gpu: no CUDA device here; --dry-run runs it on the CPU")
     if opts.frames % opts.chunk:
-        raise ConfigError(f"--frames {opts.frames}: must be a multiple of --chunk {opts.chunk}")
+        raise ConfigError(f"--length {opts.frames}: must be a multiple of --chunk {opts.chunk}")
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "CPU (dry run)"
     title = (

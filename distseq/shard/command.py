@@ -29,7 +29,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser(
         "shard",
         help="videos or frame folders + phase labels -> WebDataset shards",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="Videos or frame folders plus phase labels -> shards in format v1; or, with "
+        "--released ROOT --fold N, the released features of an action-segmentation dataset "
+        "(MS-TCN's layout) -> feature shards.",
     )
     p.add_argument("inputs", nargs="*", type=Path, help="video files, frame folders, or folders")
     p.add_argument(
@@ -114,7 +116,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=int,
         default=None,
         metavar="V",
-        help=f"videos in a shard (default {DEFAULT_VIDEOS_PER_SHARD})",
+        help="videos in a shard",
     )
     # What --released leaves no meaning to: given with it, each is refused by name.
     frame_options = {dest: p.get_default(dest) for dest in _FRAME_OPTIONS}

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_json_records_are_consistent() -> None:
     cmd = [sys.executable, "-m", "distseq", "bench", "data", "--size", "32", "--window", "10"]
-    cmd += ["--count", "40", "--workers", "1", "--model-fps", "50000", "--json"]
+    cmd += ["--count", "40", "--num-workers", "1", "--model-fps", "50000", "--json"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     wall = time.perf_counter() - start
@@ -50,7 +50,7 @@ def test_json_records_are_consistent() -> None:
 def test_given_shards_print_a_table(shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pattern = str(shards / "train-{000000..000003}.tar")
     argv = ["bench", "data", "--shards", pattern, "--size", "32", "--window", "12"]
-    assert main([*argv, "--count", "30", "--workers", "0"]) == 0
+    assert main([*argv, "--count", "30", "--num-workers", "0"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = ["augment", "workers", "frames", "frames/s", "plain/s", "/plain", "needed"]
     assert lines[1].split() == header

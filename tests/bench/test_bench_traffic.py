@@ -17,8 +17,8 @@ pytestmark = pytest.mark.integration  # starts torchrun
 
 
 def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_path: Path) -> None:
-    args = ["bench", "traffic", "--json", "--worlds", "1", "2", "--chunks", "1", "2"]
-    proc = run_distseq(*args, "--size", "32", "--frames", "4", cwd=tmp_path)
+    args = ["bench", "traffic", "--json", "--worlds", "1", "2", "--chunks-per-sequence", "1", "2"]
+    proc = run_distseq(*args, "--size", "32", "--length", "4", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     by = {(r["mode"], r["world"], r["chunks"]): r for r in rows}
