@@ -150,9 +150,9 @@ def per_frame_overrides(cfg: Config) -> list[str]:
     return ["model.head.kind=none", *defaults_of(cfg, (*head, "optim.groups"))]
 
 
-def _in_folder(urls: str, folder: Path, key: str) -> str:
+def _in_folder(urls: str, folder: Path, key: str, split: str) -> str:
     """``urls``' shards by name in ``folder`` (where ``distseq features`` wrote them)."""
-    return "::".join(str(folder / shard_name(url)) for url in expand(urls, key))
+    return "::".join(str(folder / shard_name(url)) for url in expand(urls, key, split))
 
 
 class SeedRuns:
@@ -182,8 +182,8 @@ class SeedRuns:
             features = self.root / "features"
             data = self.cfg.data
             return [
-                f"data.train={_in_folder(data.train, features, 'data.train')}",
-                f"data.val={_in_folder(data.val, features, 'data.val')}",
+                f"data.train={_in_folder(data.train, features, 'data.train', 'train')}",
+                f"data.val={_in_folder(data.val, features, 'data.val', 'val')}",
                 "data.features=true",
                 "data.window=0",
                 *defaults_of(self.cfg, _FEATURE_RESETS),

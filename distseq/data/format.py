@@ -218,10 +218,13 @@ def find_manifest(urls: str, manifest: str, key: str) -> Manifest:
     if manifest:
         path = Path(manifest)
     else:
-        first = local_path(expand(urls, key)[0])
-        if first is None:
-            raise ConfigError(f"config key {key}: remote shards ({urls}) need a manifest path")
-        path = first.parent / "index.json"
+        folder = local_path(urls.split("::")[0])
+        if folder is None or not folder.is_dir():  # else a shard folder (data.tar.expand)
+            first = local_path(expand(urls, key)[0])
+            if first is None:
+                raise ConfigError(f"config key {key}: remote shards ({urls}) need a manifest path")
+            folder = first.parent
+        path = folder / "index.json"
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:

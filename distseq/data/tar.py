@@ -7,7 +7,9 @@ archive; ``read_shard`` tells the two apart and marks the sample a cut falls in.
 
 from __future__ import annotations
 
+import glob
 import io
+import json
 import re
 import tarfile
 from collections.abc import Iterator
@@ -25,11 +27,47 @@ if TYPE_CHECKING:
     from typing import Self
 
 
-def expand(urls: str, key: str) -> list[str]:
-    expanded = wds.shardlists.expand_urls(urls) if urls else []
+def expand(urls: str, key: str, split: str = "") -> list[str]:
+    """The shard URLs that ``urls`` (config key or option ``key``, named in errors) gives, in
+    order; several ``::``-joined, each a brace pattern (``shards/train-{000000..000099}.tar``,
+    as webdataset expands it), a glob of local files (``shards/train-*.tar``, in name order), or
+    a shard folder, whose ``index.json`` says which of its shards are ``split``'s."""
+    expanded: list[str] = []
+    for part in urls.split("::") if urls else []:
+        path = local_path(part)
+        if path is not None and path.is_dir():
+            expanded += _folder(path, key, split)
+        elif path is not None and any(c in part for c in "*?["):
+            found = sorted(glob.glob(str(path)))
+            if not found:
+                raise ConfigError(f"config key {key}: {part} matches no file")
+            expanded += found
+        else:
+            expanded += wds.shardlists.expand_urls(part)
     if not expanded:
         raise ConfigError(f"config key {key}: empty, no shards given")
     return expanded
+
+
+def _folder(folder: Path, key: str, split: str) -> list[str]:
+    """The shards of ``split`` in ``folder``, as its ``index.json`` lists them, in name order.
+    The manifest is checked in full where it is read (data.format); this reads its splits."""
+    index = folder / "index.json"
+    if not split:
+        raise ConfigError(f"{key} {folder} is a folder: give its shards (e.g. {folder}/val-*.tar)")
+    try:
+        shards = json.loads(index.read_text())["shards"]
+        splits = {name: info["split"] for name, info in shards.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(
+            f"config key {key}: {folder} is a folder, and its index.json, which says which "
+            f"shards are {split}'s, is unreadable ({first_line(e)})"
+        ) from None
+    mine = sorted(name for name, of in splits.items() if of == split)
+    if not mine:
+        there = ", ".join(sorted(set(splits.values()))) or "none"
+        raise ConfigError(f"config key {key}: {index} lists no {split} shard (its splits: {there})")
+    return [str(folder / name) for name in mine]
 
 
 def local_path(url: str) -> Path | None:
@@ -40,12 +78,12 @@ def local_path(url: str) -> Path | None:
     return Path(re.sub("^file://?", "", url))  # as webdataset opens it: file:///abs
 
 
-def recorded_shards(urls: str, key: str, option: str) -> str:
-    """A model's recorded shards (config key ``key``), checked before use: a run records them
-    as absolute paths, but they may have moved since; ``option`` overrides them."""
+def recorded_shards(urls: str, key: str, option: str, split: str) -> str:
+    """A model's recorded shards (config key ``key``, of ``split``), checked before use: a run
+    records them as absolute paths, but they may have moved since; ``option`` overrides them."""
     if not urls:
         raise ConfigError(f"the model's config has no {key}: pass {option} with the shards")
-    for url in expand(urls, key):
+    for url in expand(urls, key, split):
         path = local_path(url)
         if path is not None and not path.is_file():
             raise ConfigError(

@@ -252,7 +252,7 @@ def train_batches(
     """
     if skip_batches < 0:
         raise ValueError(f"skip_batches={skip_batches}: must be >= 0")
-    urls = expand(cfg.train, "data.train")
+    urls = expand(cfg.train, "data.train", "train")
     check_shards_exist(urls)
     manifest = load_manifest(cfg)
     if not 0 <= rank < world:

@@ -88,7 +88,7 @@ def val_batches(
     batch count on every rank."""
     if not cfg.val:
         return iter(())
-    urls = expand(cfg.val, "data.val")
+    urls = expand(cfg.val, "data.val", "val")
     check_shards_exist(urls)
     total = 0
     for url in urls:

@@ -121,11 +121,11 @@ def split_shards(cfg: DataConfig, split: str, manifest_path: str) -> tuple[str, 
     where ``distseq shard`` wrote them); anything else, a shard pattern."""
     manifest_path = manifest_path or (cfg.manifest if split in SPLITS else "")
     if split == "val":
-        urls = recorded_shards(cfg.val, "data.val", "--split")
+        urls = recorded_shards(cfg.val, "data.val", "--split", "val")
         return urls, find_manifest(urls, manifest_path, "--split")
     if split not in SPLITS:
         return split, find_manifest(split, manifest_path, "--split")
-    train = recorded_shards(cfg.train, "data.train", "--split")
+    train = recorded_shards(cfg.train, "data.train", "--split", "train")
     manifest = find_manifest(train, manifest_path, "--split")
     names = [name for name, info in manifest.shards.items() if info.split == split]
     if not names:

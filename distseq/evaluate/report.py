@@ -79,7 +79,7 @@ def make_report(run: Path, out: Path, split: str = "") -> list[Path]:
             cfg = replace(cfg, val=split, manifest="")
             manifest = find_manifest(split, "", "--split")
         else:
-            cfg = replace(cfg, val=recorded_shards(cfg.val, "data.val", "--split"))
+            cfg = replace(cfg, val=recorded_shards(cfg.val, "data.val", "--split", "val"))
             manifest = load_manifest(cfg)
         rate = None if manifest.fps is None else manifest.fps / cfg.frame_stride
         counts = [[0] * len(classes) for _ in classes]

@@ -260,7 +260,7 @@ def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
 
 
 def _shard_names(urls: str) -> list[str]:
-    return [shard_name(url) for url in expand(urls, "data.train")]
+    return [shard_name(url) for url in expand(urls, "data.train", "train")]
 
 
 def _carries(cfg: Config, saved: RankState, device: torch.device) -> dict[int, Carry] | None:

@@ -1,4 +1,5 @@
-"""The loader reads shards given as webdataset URLs: path, file:, pipe: and http (via curl)."""
+"""The loader reads shards given as webdataset URLs (path, file:, pipe: and http via curl), a
+glob of local files, or a shard folder."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from typing import Any
 import pytest
 
 from distseq.config import DataConfig
+from distseq.data.tar import expand
 from distseq.data.train_stream import train_batches
-from distseq.errors import DataError
+from distseq.errors import ConfigError, DataError
 
 PATTERN = "train-{000000..000003}.tar"  # the conftest shards: 4 train shards of 2 sequences
 BATCHES = 3
@@ -114,3 +116,31 @@ def test_missing_remote_shard_is_a_one_line_error(
     # cat's status 1; curl's 22 is an HTTP error (the 404)
     reason = "status 1" if kind == "pipe" else "status 22 (HTTP error)"
     assert message.endswith(f"cannot read: the command exited with {reason}"), message
+
+
+def test_a_folder_or_a_glob_gives_the_pattern_s_shards(shards: Path) -> None:
+    names = [f"{shards}/train-{i:06d}.tar" for i in range(4)]
+    assert expand(str(shards / PATTERN), "data.train") == names
+    assert expand(f"{shards}/train-*.tar", "data.train") == names
+    # A folder: its index.json says which of its shards are of the split asked for.
+    assert expand(str(shards), "data.train", "train") == names
+    assert expand(str(shards), "data.val", "val") == [f"{shards}/val-00000{i}.tar" for i in (0, 1)]
+    assert _take(_cfg(str(shards))) == _take(_cfg(str(shards / PATTERN)))
+
+
+@pytest.mark.parametrize(
+    "urls,split,message",
+    [
+        ("{shards}", "test", "{shards}/index.json lists no test shard (its splits: train, val)"),
+        ("{shards}", "", "INPUT {shards} is a folder: give its shards (e.g. {shards}/val-*.tar)"),
+        ("{shards}/test-*.tar", "test", "config key INPUT: {shards}/test-*.tar matches no file"),
+        ("{empty}", "train", "{empty} is a folder, and its index.json, which says which shards"),
+    ],
+)
+def test_a_folder_or_glob_without_shards_is_refused_in_one_line(
+    urls: str, split: str, message: str, shards: Path, tmp_path: Path
+) -> None:
+    where = {"shards": shards, "empty": tmp_path}
+    with pytest.raises(ConfigError) as info:
+        expand(urls.format(**where), "INPUT", split)
+    assert message.format(**where) in str(info.value) and "\n" not in str(info.value)
