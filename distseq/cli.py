@@ -1,5 +1,5 @@
-"""distseq command line: train, demo, shard, export, eval, predict, features, report, submit,
-bench.
+"""distseq command line: train, config, demo, shard, export, eval, predict, features, report,
+submit, bench.
 
 Each stage's commands live in ``<stage>/command.py`` (``add_parser`` sets ``run``), thin runs
 over that stage's library; this file only assembles them and turns the errors users cause into
@@ -53,6 +53,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     from distseq.bench import command as bench
     from distseq.checkpoint import command as export
+    from distseq.config import command as config
     from distseq.demo import command as demo
     from distseq.evaluate import command as evaluate
     from distseq.launch import command as submit
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="distseq", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"distseq {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (train, demo, shard, export, evaluate, submit, bench):
+    for command in (train, config, demo, shard, export, evaluate, submit, bench):
         command.add_parser(sub)
     return parser
 

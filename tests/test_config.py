@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from distseq.cli import main
 from distseq.config import Config, load_config, to_yaml
+from distseq.config.keys import DOCS, key_values, reference_table
 from distseq.errors import ConfigError
 
 
@@ -99,3 +101,32 @@ def test_one_init_from_value_is_a_list_of_one(tmp_path: Path) -> None:
     assert load_config(path).train.init_from == [str(run), str(other)]
     # Empty is none, as for every other list: not the current directory.
     assert load_config(None, ["train.init_from="]).train.init_from == []
+
+
+def test_every_key_has_its_meaning_and_the_readme_its_table() -> None:
+    # config.keys is the one reference: it covers the schema, and the README shows it as made.
+    keys = [key for key, _ in key_values()]
+    assert len(keys) == len(set(keys)) > 60
+    assert set(DOCS) == set(keys), set(DOCS) ^ set(keys)
+    readme = (REPO / "README.md").read_text()
+    assert reference_table() in readme
+
+
+def test_distseq_config_prints_every_key_and_a_resolved_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["config", "--keys"]) == 0
+    text = capsys.readouterr().out
+    assert "data.window = 64\n    T, frames per training window;" in text
+    assert "optim.lr = 0.001\n" in text and "`" not in text
+    assert text.count("\n    ") >= len(DOCS)
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {train: s/x.tar, window: 16}\n")
+    assert main(["config", str(path), "optim.lr=0.5"]) == 0
+    resolved = tmp_path / "run" / "config.yaml"  # a run folder's, as train writes it
+    resolved.parent.mkdir()
+    resolved.write_text(capsys.readouterr().out)
+    again = load_config(resolved)
+    assert (again.data.window, again.optim.lr, again.data.train) == (16, 0.5, "s/x.tar")
+    assert main(["config", str(resolved.parent)]) == 0
+    assert capsys.readouterr().out == resolved.read_text()

@@ -12,8 +12,12 @@ from distseq.train.signals import StopSignals
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("train", help="train a CNN+RNN (also under torchrun -m distseq train)")
-    p.add_argument("config", help="YAML config file")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. data.window=512")
+    p.add_argument("config", help="YAML config file (distseq config CONFIG: as resolved)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value overrides, e.g. data.window=512 (every key: distseq config --keys)",
+    )
     p.set_defaults(run=run)
 
 
