@@ -12,6 +12,7 @@ from conftest import run_distseq as distseq
 from conftest import tiny_config
 from distseq import __version__
 from distseq.cli import _parser, main
+from streams import N_TRAIN, sequences_of
 
 
 @pytest.mark.parametrize(
@@ -52,6 +53,24 @@ def test_a_budget_plans_the_run_and_says_how(tmp_path: Path, shards: Path) -> No
     # 1 GB is far more than plain autograd needs for 8 frames: nothing is recomputed.
     assert line.startswith("memory plan: T=8 chunk=") and "recompute 0% of forward" in line, line
     assert "USDT" not in proc.stderr  # the profiler's native chatter during the probe
+
+
+def test_whole_videos_of_frames_are_planned_for_the_longest(tmp_path: Path, shards: Path) -> None:
+    config = str(tiny_config(tmp_path, shards))
+    argv = ["data.window=0", "memory.budget=1GB", "data.val=", "train.steps=1"]
+    proc = distseq("train", config, *argv, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    longest = max(len(labels) for _, labels in sequences_of("train", N_TRAIN).values())
+    said = f"memory plan: data.window=0, whole videos: the longest training video is {longest} "
+    assert said in proc.stdout, proc.stdout
+    assert f"memory plan: T={longest} chunk=" in proc.stdout, proc.stdout
+    # A budget that a whole video does not fit in says what the video needs, in one line (150
+    # MB: above ResNet-18's parameters and AdamW state, 135 MB, below a 14-frame step's floor).
+    argv += ["memory.budget=150MB", f"train.out_dir={tmp_path / 'small'}"]
+    small = distseq("train", config, *argv, cwd=tmp_path)
+    assert small.returncode == 2, small.stderr[-3000:]
+    (line,) = small.stderr.strip().splitlines()
+    assert f"that T={longest} needs with every chunk" in line, line
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

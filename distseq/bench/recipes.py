@@ -336,7 +336,7 @@ def check_recipes(args: RecipesBench) -> list[str]:
         what = "a bidirectional RNN" if head.bidirectional else f"model.head.kind={head.kind}"
         say(f"tbptt left out: {what} carries no state forward to truncate")
         recipes.remove("tbptt")
-    if "tbptt" in recipes and args.tbptt >= cfg.data.window:
+    if "tbptt" in recipes and 0 < cfg.data.window <= args.tbptt:
         say(f"tbptt: --tbptt {args.tbptt} >= data.window={cfg.data.window}: it is end_to_end")
     if not recipes:
         raise ConfigError("bench recipes: no recipe left to compare")

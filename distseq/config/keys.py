@@ -27,7 +27,9 @@ DOCS: dict[str, str] = {
     "data.manifest": "the shards' `index.json`; empty: the one beside the first train shard",
     "data.window": (
         "T, frames per training window; longer sequences get a random window (ordered mode: "
-        "consecutive windows); 0: whole videos, one sequence each (with `data.features` only)"
+        "consecutive windows); 0: whole videos, one sequence each (`memory.budget` then plans "
+        "for the longest training video, read from the shards' headers, and says what it costs "
+        "when it does not fit)"
     ),
     "data.size": "frames are resized to size x size",
     "data.batch_size": "sequences per rank per micro-step",

@@ -113,7 +113,7 @@ class DataConfig:
     val: str = ""  # empty: no validation
     manifest: str = ""  # index.json; empty: next to the first train shard
     # T, frames per training window; longer sequences get a random window. 0: whole videos, one
-    # sequence each (data.features only: a frame window is what the memory plan sizes).
+    # sequence each (memory.budget then plans for the longest training video).
     window: int = 64
     size: int = 64  # frames are resized to size x size
     batch_size: int = 2  # sequences per rank per micro-step
@@ -133,12 +133,7 @@ class DataConfig:
     features: bool = False
 
     def __post_init__(self) -> None:
-        _check(
-            self.window >= 1 or (self.window == 0 and self.features),
-            "data.window",
-            self.window,
-            "must be >= 1 (0, whole videos, needs data.features=true)",
-        )
+        _check(self.window >= 0, "data.window", self.window, "must be >= 0 (0: whole videos)")
         _check(self.size >= 16, "data.size", self.size, "must be >= 16")
         _check(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
         _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
@@ -516,7 +511,7 @@ class Config:
             "data.ordered",
             self.data.ordered,
             f"carries a head's state across windows, and model.head.kind={self.model.head.kind} "
-            "carries none: give it whole videos (data.features with data.window=0) or windows",
+            "carries none: give it whole videos (data.window=0) or windows",
         )
         _check(
             not self.memory.tbptt_frames or self.model.head.kind in RNNS,

@@ -12,6 +12,7 @@ import io
 import json
 import re
 import tarfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,31 @@ def read_shard(url: str) -> Iterator[Sample]:
         sample.cut = f"{sample.where}: the shard is cut off in this sample: {read_error(e)}"
     if sample is not None:
         yield sample
+
+
+def longest_sample(urls: list[str], key: str) -> int:
+    """The most frames one sample of the local shards ``urls`` (config key ``key``) holds, from
+    their tar headers alone: the JPEGs are skipped, not read (a seek each)."""
+    longest = 0
+    for url in urls:
+        path = local_path(url)
+        if path is None:
+            raise ConfigError(
+                f"config key {key}: {url} is remote, and data.window=0 with memory.budget reads "
+                "the shards' headers for the longest video: give data.window"
+            )
+        counts: Counter[str] = Counter()
+        try:
+            with _Tar.open(path, "r:") as tar:
+                for info in tar:
+                    tar.members = []  # keep no index: a shard has a member per frame
+                    head, slash, name = info.name.rpartition("/")
+                    stem, _, ext = name.partition(".")
+                    counts[head + slash + stem] += ext.lower().endswith(".jpg")
+        except (OSError, tarfile.TarError) as e:
+            raise DataError(f"shard {url}: cannot read: {first_line(e)}") from None
+        longest = max([longest, *counts.values()])
+    return longest
 
 
 # curl's exit codes for the failures a shard URL meets (webdataset opens http(s) with curl).

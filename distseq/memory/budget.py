@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from distseq.config import Config, Offload, to_dict
+from distseq.data.tar import expand, longest_sample
 from distseq.errors import ConfigError, TrainingError, first_line
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
@@ -118,7 +119,7 @@ def plan_for_budget(
     """The plan of this start of the run in ``cfg.train.out_dir``, applied to ``chunked`` (the
     model, or ``model`` wrapped for FSDP/DDP): the recorded one, or one planned from a probe
     that ``agree`` makes one rank's on every rank, recorded by the main rank. Refuses in one line
-    a budget that cannot hold data.window frames."""
+    a budget that cannot hold data.window frames (data.window=0: the longest training video)."""
     budget = budget_bytes(cfg.memory.budget, device)
     data, fixed = cfg.data, resident_bytes(model)
     if fixed >= budget:  # before any probing: no chunk size changes this
@@ -127,10 +128,11 @@ def plan_for_budget(
             f"optimizer state alone ({format_size(fixed)} here): a larger budget, or more ranks "
             "under FSDP"
         )
+    window = data.window or whole_videos(cfg, say)
     path = Path(cfg.train.out_dir) / PLAN_FILE
     now: dict[str, Any] = dict(budget_bytes=budget, device=device_kind(device), shape=_shape(cfg))
     recorded = Recorded.read(path) if is_main else None
-    how, k = _FRESH, first_chunk(cfg.memory.chunk_frames, data.window)
+    how, k = _FRESH, first_chunk(cfg.memory.chunk_frames, window)
     if recorded is not None:
         then = dict(
             budget_bytes=recorded.budget_bytes, device=recorded.device, shape=recorded.shape
@@ -148,7 +150,7 @@ def plan_for_budget(
         data.batch_size,
         data.size,
         classes,
-        data.window,
+        window,
         device,
         frames_on_host=cfg.memory.offload is Offload.frames,
     )
@@ -162,18 +164,28 @@ def plan_for_budget(
         if recorded is None:
             raise TrainingError(f"{path} is missing on this rank: train.out_dir must be shared")
         plan = Plan(recorded.probe, budget, recorded.stages)
-        plan.check(data.window)
-        say(f"memory plan: {plan.describe(data.window)} (as planned at the run's start)")
+        plan.check(window)
+        say(f"memory plan: {plan.describe(window)} (as planned at the run's start)")
     else:
         # A chunk size recorded once is kept: under BatchNorm it is part of the model.
-        plan = plan_at(k) if how == _HOLDS_ANEW else fit(plan_at, k, data.window, say)
-        plan.check(data.window)
-        say(f"memory plan: {plan.describe(data.window)}")
+        plan = plan_at(k) if how == _HOLDS_ANEW else fit(plan_at, k, window, say)
+        plan.check(window)
+        say(f"memory plan: {plan.describe(window)}")
         if is_main:
             path.parent.mkdir(parents=True, exist_ok=True)
             Recorded(plan.probe, plan.stages, **now).write(path)
     plan.apply(chunked)
     return plan
+
+
+def whole_videos(cfg: Config, say: Callable[[str], None]) -> int:
+    """T of the longest training video as the run reads it (every data.frame_stride-th frame):
+    what data.window=0 makes one sequence, and so what the plan must fit."""
+    urls = expand(cfg.data.train, "data.train", "train")
+    stride = cfg.data.frame_stride
+    frames = -(-longest_sample(urls, "data.train") // stride)
+    say(f"memory plan: data.window=0, whole videos: the longest training video is {frames} frames")
+    return frames
 
 
 def _probed_plan(

@@ -293,8 +293,12 @@ def _batches(run: Run) -> Iterator[Batch]:
         restore_rng(run.resumed, run.rank_state)
     if cfg.memory.offload is Offload.frames:
         data = cfg.data
-        host = data.batch_size * cfg.optim.accum_steps * data.window * 3 * data.size**2
-        say(f"memory.offload=frames: up to {format_size(host)} of frames in host memory")
+        frame = 3 * data.size**2
+        if data.window:
+            host = format_size(data.batch_size * cfg.optim.accum_steps * data.window * frame)
+        else:
+            host = f"{format_size(frame)} a frame of whole videos"
+        say(f"memory.offload=frames: up to {host} of frames in host memory")
     return stream
 
 

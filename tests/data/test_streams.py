@@ -19,6 +19,7 @@ from distseq.data import train_stream
 from distseq.data.batch import IGNORE_INDEX, Batch, empty_batch
 from distseq.data.format import load_manifest
 from distseq.data.synthetic import MARKER_FRAMES, encode_sample, sequences, write_synthetic
+from distseq.data.tar import longest_sample
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches
 from distseq.errors import DataError
@@ -130,6 +131,23 @@ def test_train_stream_windows_infinite_deterministic(shards: Path) -> None:
     assert all(torch.equal(a.frames, b.frames) for a, b in zip(again, batches, strict=True))
     other = list(islice(train_batches(cfg, seed=4), 20))
     assert [b.keys for b in other] != [b.keys for b in batches]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_window_0_gives_whole_videos_of_frames(shards: Path, stride: int) -> None:
+    cfg = stream_config(shards, window=0, frame_stride=stride)
+    videos = sequences_of("train", N_TRAIN)
+    lengths = {key: len(labels[::stride]) for key, (_, labels) in videos.items()}
+    batches = list(islice(train_batches(cfg, seed=3), N_TRAIN // 2))
+    for batch in batches:
+        for i, key in enumerate(batch.keys):
+            assert int(batch.mask[i].sum()) == lengths[key], key  # the whole video, every frame
+            assert batch.labels[i, : lengths[key]].tolist() == videos[key][1][::stride]
+    assert batches[0].frames.shape[1] == max(lengths[k] for k in batches[0].keys)  # padded to it
+    # What memory.budget plans for: the longest video, read from the shards' headers alone.
+    urls = [f"{shards}/train-{i:06d}.tar" for i in range(4)]
+    longest = max(len(labels) for _, labels in videos.values())
+    assert longest_sample(urls, "data.train") == longest == SYN["max_frames"]
 
 
 def _write_shard(root: Path, samples: Samples) -> DataConfig:
