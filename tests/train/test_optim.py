@@ -128,6 +128,14 @@ def _run(shards: Path, out: Path, groups: str, *extra: str) -> None:
     train(load_config(None, [*overrides, *extra]))
 
 
+def _initial() -> nn.Module:
+    """The model of ``_run`` as its first step finds it (train.seed 0)."""
+    torch.manual_seed(0)
+    overrides = ["data.train=x.tar", "model.backbone.name=tiny_cnn", "model.head.hidden=8"]
+    cfg = load_config(None, [*overrides, "model.backbone.norm=batchnorm"])
+    return build_model(cfg.model, 3)
+
+
 def _step(out: Path, step: int) -> dict:
     return full_state(out / "checkpoints" / f"step_{step:08d}")
 
@@ -150,17 +158,7 @@ def test_a_frozen_group_stays_through_its_step_then_trains_and_resumes_bit_exact
 ) -> None:
     groups = "[{prefix: backbone, frozen_until: 2, warmup_steps: 2}]"
     _run(shards, tmp_path / "parts", groups, "train.stop_after=2")
-    torch.manual_seed(0)  # train.seed: the run's first parameters
-    cfg = load_config(
-        None,
-        [
-            "data.train=x.tar",
-            "model.backbone.name=tiny_cnn",
-            "model.backbone.norm=batchnorm",
-            "model.head.hidden=8",
-        ],
-    )
-    initial = build_model(cfg.model, 3).state_dict()
+    initial = _initial().state_dict()
     at2 = _step(tmp_path / "parts", 2)
     backbone = [k for k in initial if k.startswith("backbone.")]
     assert any(k.endswith("running_mean") for k in backbone)
@@ -227,17 +225,7 @@ def test_a_group_frozen_for_the_whole_run_gets_no_gradient_and_no_moments(
     shards: Path, tmp_path: Path
 ) -> None:
     _run(shards, tmp_path / "run", "[{prefix: head.rnn, frozen_until: 4}]")
-    torch.manual_seed(0)
-    cfg = load_config(
-        None,
-        [
-            "data.train=x.tar",
-            "model.backbone.name=tiny_cnn",
-            "model.backbone.norm=batchnorm",
-            "model.head.hidden=8",
-        ],
-    )
-    initial = build_model(cfg.model, 3)
+    initial = _initial()
     at4 = _step(tmp_path / "run", 4)
     rnn = [k for k in at4["model"] if k.startswith("head.rnn.")]
     assert rnn and all(torch.equal(at4["model"][k], initial.state_dict()[k]) for k in rnn)
