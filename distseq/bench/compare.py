@@ -51,8 +51,8 @@ from distseq.config import Recompute
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import peak_and_seconds
-from distseq.memory.plan import Plan, Probe
-from distseq.memory.probe import RunShape, probe, resident_bytes
+from distseq.memory.plan import Plan
+from distseq.memory.probe import Probe, RunShape, probe, resident_bytes
 from distseq.model.head import Carry
 from distseq.units import MIB
 

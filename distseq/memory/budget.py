@@ -31,8 +31,8 @@ from distseq.data.tar import expand, longest_sample
 from distseq.errors import ConfigError, TrainingError, first_line
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
-from distseq.memory.plan import Plan, Probe, fit
-from distseq.memory.probe import RunShape, first_chunk, probe, resident_bytes
+from distseq.memory.plan import Plan, fit
+from distseq.memory.probe import Probe, RunShape, first_chunk, probe, resident_bytes
 from distseq.units import format_size, parse_budget
 
 PLAN_FILE = "plan.json"
@@ -128,7 +128,9 @@ def plan_for_budget(
             f"optimizer state alone ({format_size(fixed)} here): a larger budget, or more ranks "
             "under FSDP"
         )
-    window = data.window or whole_videos(cfg, say)
+    if not (window := data.window):  # rank 0 reads the shards' headers, for every rank
+        longest = whole_videos(cfg, say) if is_main else 0
+        window = int(agree(torch.tensor([longest], device=device)).item())
     path = Path(cfg.train.out_dir) / PLAN_FILE
     now: dict[str, Any] = dict(budget_bytes=budget, device=device_kind(device), shape=_shape(cfg))
     recorded = Recorded.read(path) if is_main else None

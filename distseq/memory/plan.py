@@ -33,16 +33,12 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-
-import torch
+from dataclasses import dataclass, field
 
 from distseq.errors import ConfigError
 from distseq.memory.chunked import NOTHING, WHOLE, ChunkedModel, Hold
+from distseq.memory.probe import CHUNKS, Probe
 from distseq.units import format_size
-
-CHUNKS = (1, 2, 4, 8, 16, 32)  # the chunk sizes a plan falls back to when the floor is too high
-_STAGE_FIELDS = ("stage_bytes", "stage_seconds", "stage_recompute_bytes")
 
 
 @dataclass(frozen=True)
@@ -55,53 +51,15 @@ class Level:
     recompute_bytes: float  # the recompute's own peak, beyond what is held
 
 
-@dataclass(frozen=True)
-class Probe:
-    """What the probe measured; bytes and seconds."""
-
-    chunk_frames: int
-    fixed_bytes: int  # parameters and optimizer state (resident_bytes)
-    per_frame_bytes: float
-    recompute_bytes: float  # the rest of a step's peak with every chunk recomputed
-    held_base_bytes: float  # the rest of a step's peak with frames held, but for those frames
-    activation_bytes: float  # one held frame's CNN activations
-    forward_seconds: float  # CNN forward, per frame
-    backward_seconds: float  # the rest of a plain step, per frame
-    # Per stage split h = 1 .. stages: the held bytes and recomputed seconds of a frame whose
-    # stages from h on are held, and the rest of that step's peak beyond the held bytes of the
-    # chunks not yet recomputed, the recomputing one's included.
-    stage_bytes: tuple[float, ...] = ()
-    stage_seconds: tuple[float, ...] = ()
-    stage_recompute_bytes: tuple[float, ...] = ()
-
-    def levels(self) -> list[Level]:
-        staged = zip(self.stage_bytes, self.stage_seconds, self.stage_recompute_bytes, strict=True)
-        return [
-            Level(NOTHING, 0.0, self.forward_seconds, self.recompute_bytes),
-            *(Level(Hold(h), b, s, r) for h, (b, s, r) in enumerate(staged, start=1)),
-            Level(WHOLE, self.activation_bytes, 0.0, 0.0),
-        ]
-
-    def as_tensor(self) -> torch.Tensor:
-        """The numbers as one float64 tensor, to agree on across ranks."""
-        scalars = [getattr(self, f.name) for f in fields(self) if f.name not in _STAGE_FIELDS]
-        staged = [x for name in _STAGE_FIELDS for x in getattr(self, name)]
-        return torch.tensor(scalars + staged, dtype=torch.float64)
-
-    @classmethod
-    def from_tensor(cls, values: torch.Tensor) -> Probe:
-        names = [f.name for f in fields(cls) if f.name not in _STAGE_FIELDS]
-        numbers = values.tolist()
-        scalars: dict[str, float | int | tuple[float, ...]] = dict(
-            zip(names, numbers[: len(names)], strict=True)
-        )
-        scalars["chunk_frames"] = int(numbers[0])
-        scalars["fixed_bytes"] = int(numbers[1])
-        staged = numbers[len(names) :]
-        n = len(staged) // len(_STAGE_FIELDS)
-        for i, name in enumerate(_STAGE_FIELDS):
-            scalars[name] = tuple(staged[i * n : (i + 1) * n])
-        return cls(**scalars)  # type: ignore[arg-type]
+def levels(p: Probe) -> list[Level]:
+    """The ways to run a chunk that the probe measured, from every activation recomputed to the
+    whole chunk kept."""
+    staged = zip(p.stage_bytes, p.stage_seconds, p.stage_recompute_bytes, strict=True)
+    return [
+        Level(NOTHING, 0.0, p.forward_seconds, p.recompute_bytes),
+        *(Level(Hold(h), b, s, r) for h, (b, s, r) in enumerate(staged, start=1)),
+        Level(WHOLE, p.activation_bytes, 0.0, 0.0),
+    ]
 
 
 @dataclass(frozen=True)
@@ -213,7 +171,7 @@ class Plan:
     def _search(self, frames: int) -> Layout:
         p, k = self.probe, self.probe.chunk_frames
         n = math.ceil(frames / k)
-        hull = _lower_hull(p.levels())
+        hull = _lower_hull(levels(p))
         pairs = list(itertools.pairwise(hull)) or [(hull[0], hull[0])]
         base = p.fixed_bytes + frames * p.per_frame_bytes
         room = self.budget_bytes - base

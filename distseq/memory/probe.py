@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -25,11 +25,55 @@ from torch import nn
 from distseq.config import Recompute
 from distseq.memory.chunked import NOTHING, WHOLE, ChunkedModel, Hold
 from distseq.memory.measure import StepCost, measure_step, synchronize
-from distseq.memory.plan import CHUNKS, Probe
 from distseq.memory.stages import stage_starts
 from distseq.model.frames import FrameInput, frame_hw
 
 TIMINGS = 3  # timed runs of the forward, after a warm-up
+
+
+CHUNKS = (1, 2, 4, 8, 16, 32)  # the chunk sizes a plan falls back to when the floor is too high
+_STAGE_FIELDS = ("stage_bytes", "stage_seconds", "stage_recompute_bytes")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the probe measured; bytes and seconds."""
+
+    chunk_frames: int
+    fixed_bytes: int  # parameters and optimizer state (resident_bytes)
+    per_frame_bytes: float
+    recompute_bytes: float  # the rest of a step's peak with every chunk recomputed
+    held_base_bytes: float  # the rest of a step's peak with frames held, but for those frames
+    activation_bytes: float  # one held frame's CNN activations
+    forward_seconds: float  # CNN forward, per frame
+    backward_seconds: float  # the rest of a plain step, per frame
+    # Per stage split h = 1 .. stages: the held bytes and recomputed seconds of a frame whose
+    # stages from h on are held, and the rest of that step's peak beyond the held bytes of the
+    # chunks not yet recomputed, the recomputing one's included.
+    stage_bytes: tuple[float, ...] = ()
+    stage_seconds: tuple[float, ...] = ()
+    stage_recompute_bytes: tuple[float, ...] = ()
+
+    def as_tensor(self) -> torch.Tensor:
+        """The numbers as one float64 tensor, to agree on across ranks."""
+        scalars = [getattr(self, f.name) for f in fields(self) if f.name not in _STAGE_FIELDS]
+        staged = [x for name in _STAGE_FIELDS for x in getattr(self, name)]
+        return torch.tensor(scalars + staged, dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, values: torch.Tensor) -> Probe:
+        names = [f.name for f in fields(cls) if f.name not in _STAGE_FIELDS]
+        numbers = values.tolist()
+        scalars: dict[str, float | int | tuple[float, ...]] = dict(
+            zip(names, numbers[: len(names)], strict=True)
+        )
+        scalars["chunk_frames"] = int(numbers[0])
+        scalars["fixed_bytes"] = int(numbers[1])
+        staged = numbers[len(names) :]
+        n = len(staged) // len(_STAGE_FIELDS)
+        for i, name in enumerate(_STAGE_FIELDS):
+            scalars[name] = tuple(staged[i * n : (i + 1) * n])
+        return cls(**scalars)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

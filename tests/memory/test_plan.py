@@ -13,8 +13,8 @@ from distseq.memory import plan as planning
 from distseq.memory.budget import budget_bytes
 from distseq.memory.chunked import NOTHING, WHOLE, Hold
 from distseq.memory.measure import measure_step
-from distseq.memory.plan import Plan, Probe
-from distseq.memory.probe import RunShape, probe, resident_bytes
+from distseq.memory.plan import Plan
+from distseq.memory.probe import Probe, RunShape, probe, resident_bytes
 
 CPU = torch.device("cpu")
 T, SIZE = 48, 32
@@ -157,7 +157,7 @@ def test_a_level_above_the_line_between_its_neighbours_is_never_used() -> None:
         stage_seconds=(0.25, 0.2),
         stage_recompute_bytes=(12.0 * MB, 12.0 * MB),
     )
-    hull = planning._lower_hull(probe.levels())
+    hull = planning._lower_hull(planning.levels(probe))
     assert [level.hold for level in hull] == [NOTHING, Hold(1), WHOLE]
     for budget in range(128, 200, 2):
         assert Hold(2) not in Plan(probe, budget * MB).holds(8)
