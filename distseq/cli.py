@@ -31,14 +31,12 @@ class _Help(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
-        if (
-            "default" in text
-            or not action.option_strings
-            or default in (None, False, "", [], argparse.SUPPRESS)
-        ):
+        # By identity: 0 == False, and a default of 0 is worth saying.
+        unsaid = default is None or default is False or default is argparse.SUPPRESS
+        if "default" in text or not action.option_strings or unsaid or default in ("", []):
             return text
         shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
-        return f"{text} (default: {shown})".replace("%", "%%").strip()
+        return f"{text} (default: {shown.replace('%', '%%')})".strip()
 
 
 class _Parser(argparse.ArgumentParser):

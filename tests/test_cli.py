@@ -205,12 +205,15 @@ def test_every_help_shows_its_defaults_and_no_markup() -> None:
             if not action.option_strings or action.help == argparse.SUPPRESS:
                 continue
             default = action.default
-            if default in (None, False, "", [], argparse.SUPPRESS):
+            if default is None or default is False or default in ("", [], argparse.SUPPRESS):
                 continue
             help_text = parser._get_formatter()._expand_help(action)
             assert "default" in help_text, (name, action.option_strings, help_text)
     shard = " ".join(parsers["distseq shard"].format_help().split())
     assert "output frame rate (default: 1)" in shard and "(default: 224)" in shard
+    assert "seed of the train/val split (default: 0)" in shard  # 0 is a default worth saying
+    submit = " ".join(parsers["distseq submit"].format_help().split())
+    assert "%j is the job id" in submit and "%%" not in submit  # help text as written
 
 
 def test_an_option_name_means_one_thing() -> None:

@@ -143,6 +143,12 @@ class DataConfig:
         )
         _check(self.frame_stride >= 1, "data.frame_stride", self.frame_stride, "must be >= 1")
         _check(
+            not (self.length_buckets and not self.window),
+            "data.length_buckets",
+            self.length_buckets,
+            "buckets windows by length: it needs data.window >= 1 (0 gives whole videos)",
+        )
+        _check(
             0 <= self.length_buckets <= self.window,
             "data.length_buckets",
             self.length_buckets,

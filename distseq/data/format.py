@@ -220,7 +220,7 @@ def find_manifest(urls: str, manifest: str, key: str) -> Manifest:
     else:
         folder = local_path(urls.split("::")[0])
         if folder is None or not folder.is_dir():  # else a shard folder (data.tar.expand)
-            first = local_path(expand(urls, key)[0])
+            first = local_path(expand(urls.split("::")[0], key)[0])
             if first is None:
                 raise ConfigError(f"config key {key}: remote shards ({urls}) need a manifest path")
             folder = first.parent

@@ -35,16 +35,21 @@ def expand(urls: str, key: str, split: str = "") -> list[str]:
     a shard folder, whose ``index.json`` says which of its shards are ``split``'s."""
     expanded: list[str] = []
     for part in urls.split("::") if urls else []:
+        if not part:
+            raise ConfigError(f"config key {key}: {urls!r} has an empty part between its ::")
         path = local_path(part)
         if path is not None and path.is_dir():
             expanded += _folder(path, key, split)
-        elif path is not None and any(c in part for c in "*?["):
+            continue
+        for url in wds.shardlists.expand_urls(part):  # braces first: {a,b}-*.tar
+            path = local_path(url)
+            if path is None or path.exists() or not any(c in url for c in "*?["):
+                expanded.append(url)  # a file whose name has [ or * is itself
+                continue
             found = sorted(glob.glob(str(path)))
             if not found:
-                raise ConfigError(f"config key {key}: {part} matches no file")
+                raise ConfigError(f"config key {key}: {url} matches no file")
             expanded += found
-        else:
-            expanded += wds.shardlists.expand_urls(part)
     if not expanded:
         raise ConfigError(f"config key {key}: empty, no shards given")
     return expanded
@@ -55,7 +60,9 @@ def _folder(folder: Path, key: str, split: str) -> list[str]:
     The manifest is checked in full where it is read (data.format); this reads its splits."""
     index = folder / "index.json"
     if not split:
-        raise ConfigError(f"{key} {folder} is a folder: give its shards (e.g. {folder}/val-*.tar)")
+        raise ConfigError(
+            f"config key {key}: {folder} is a folder: give its shards, e.g. '{folder}/test-*.tar'"
+        )
     try:
         shards = json.loads(index.read_text())["shards"]
         splits = {name: info["split"] for name, info in shards.items()}
@@ -84,12 +91,18 @@ def recorded_shards(urls: str, key: str, option: str, split: str) -> str:
     records them as absolute paths, but they may have moved since; ``option`` overrides them."""
     if not urls:
         raise ConfigError(f"the model's config has no {key}: pass {option} with the shards")
-    for url in expand(urls, key, split):
+    moved = f"the model's {key} {urls} is not there"
+    try:
+        found = expand(urls, key, split)
+    except ConfigError as e:  # a folder or glob that has moved
+        raise ConfigError(
+            f"{moved} ({e}): pass {option} with the shards where they are now"
+        ) from None
+    for url in found:
         path = local_path(url)
         if path is not None and not path.is_file():
             raise ConfigError(
-                f"the model's {key} {urls} is not there ({path} does not exist): pass {option} "
-                "with the shards where they are now"
+                f"{moved} ({path} does not exist): pass {option} with the shards where they are now"
             )
     return urls
 
@@ -146,6 +159,14 @@ class _Tar(tarfile.TarFile):
     members: list[tarfile.TarInfo]  # TarFile's own, missing from typeshed
 
 
+def member_key(name: str) -> tuple[str, str]:
+    """A member's sample key and extension: ``dir/key.000001.jpg`` -> (``dir/key``,
+    ``000001.jpg``); the key ends at the file name's first dot."""
+    head, slash, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return head + slash + stem, ext
+
+
 def read_shard(url: str) -> Iterator[Sample]:
     """The samples of one shard, read lazily. A sample's members are consecutive and named
     ``<key>.<ext>``. If the shard is cut off, the sample it ends in comes last, marked ``cut``."""
@@ -156,12 +177,11 @@ def read_shard(url: str) -> Iterator[Sample]:
                 tar.members = []  # a stream is read once: keep no index of its members
                 if not info.isreg():
                     continue
-                head, slash, name = info.name.rpartition("/")
-                stem, _, ext = name.partition(".")
-                if sample is None or head + slash + stem != sample.key:
+                key, ext = member_key(info.name)
+                if sample is None or key != sample.key:
                     if sample is not None:
                         yield sample
-                    sample = Sample(url, head + slash + stem, {})
+                    sample = Sample(url, key, {})
                 if ext.lower() in sample.members:
                     raise DataError(f"{sample.where}: member {info.name} appears twice")
                 member = tar.extractfile(info)
@@ -195,9 +215,8 @@ def longest_sample(urls: list[str], key: str) -> int:
             with _Tar.open(path, "r:") as tar:
                 for info in tar:
                     tar.members = []  # keep no index: a shard has a member per frame
-                    head, slash, name = info.name.rpartition("/")
-                    stem, _, ext = name.partition(".")
-                    counts[head + slash + stem] += ext.lower().endswith(".jpg")
+                    key, ext = member_key(info.name)
+                    counts[key] += ext.lower().endswith(".jpg")
         except (OSError, tarfile.TarError) as e:
             raise DataError(f"shard {url}: cannot read: {first_line(e)}") from None
         longest = max([longest, *counts.values()])

@@ -77,7 +77,10 @@ class VideoModel(nn.Module):
         self, frames: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
     ) -> torch.Tensor:
         self.input.check(frames, mask)
-        with torch.no_grad() if self.backbone_frozen else nullcontext():
+        # A backbone of which nothing trains (requires_grad off throughout) runs the same way:
+        # a checkpoint with nothing to recompute for fails in fairscale's backward.
+        still = self.backbone_frozen or not any(p.requires_grad for p in self.backbone.parameters())
+        with torch.no_grad() if still else nullcontext():
             feats = self.features(frames, mask)
         return self.temporal(feats, mask, carry)
 

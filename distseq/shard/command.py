@@ -116,7 +116,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=int,
         default=None,
         metavar="V",
-        help="videos in a shard",
+        help=f"videos in a shard (default: {DEFAULT_VIDEOS_PER_SHARD})",
     )
     # What --released leaves no meaning to: given with it, each is refused by name.
     frame_options = {dest: p.get_default(dest) for dest in _FRAME_OPTIONS}

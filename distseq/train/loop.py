@@ -295,10 +295,10 @@ def _batches(run: Run) -> Iterator[Batch]:
         data = cfg.data
         frame = 3 * data.size**2
         if data.window:
-            host = format_size(data.batch_size * cfg.optim.accum_steps * data.window * frame)
+            host = data.batch_size * cfg.optim.accum_steps * data.window * frame
+            say(f"memory.offload=frames: up to {format_size(host)} of frames in host memory")
         else:
-            host = f"{format_size(frame)} a frame of whole videos"
-        say(f"memory.offload=frames: up to {host} of frames in host memory")
+            say(f"memory.offload=frames: whole videos in host memory, {format_size(frame)} a frame")
     return stream
 
 
@@ -327,7 +327,7 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     start = time.perf_counter()
     run.freezing.before_step(step)
     loss, real_frames = train_step(model, optimizer, batches, info.world, run.carries, run.loss)
-    if step == run.first_step:
+    if step == run.first_step or run.freezing.unfreezes(step):  # and a part's first step
         check_every_parameter_has_grad(model, run.freezing.frozen_at(step))
     run.freezing.after_backward(step)
     grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)

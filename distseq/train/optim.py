@@ -67,6 +67,13 @@ def freeze_for_the_run(model: nn.Module, groups: Sequence[ParamGroup], steps: in
             f"config key optim.groups: every parameter is frozen through step {steps}, "
             f"train.steps: nothing would train; lower frozen_until"
         )
+    until = backbone_frozen_until(model, groups)
+    rest = [n for n, _ in named if not n.startswith("backbone.")]
+    if until and all(_frozen_until(n, groups) >= steps for n in rest):
+        raise ConfigError(
+            f"config key optim.groups: through step {min(until, steps)}: nothing would train, "
+            f"the backbone is frozen until then and the rest for the whole run"
+        )
     for param in frozen:
         param.requires_grad_(False)
     return len(frozen)
@@ -117,6 +124,10 @@ class Freezing:
                 norm.train(step > until)
         if self.model is not None:
             self.model.backbone_frozen = step <= self.backbone_until
+
+    def unfreezes(self, step: int) -> bool:
+        """Whether a group trains for the first time at ``step``."""
+        return any(until + 1 == step for until, _, _ in self.spans)
 
     def frozen_at(self, step: int) -> list[nn.Parameter]:
         """The parameters frozen at ``step``."""

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from distseq.config import DataConfig
+from distseq.data.format import find_manifest
 from distseq.data.tar import expand
 from distseq.data.train_stream import train_batches
 from distseq.errors import ConfigError, DataError
@@ -122,6 +123,16 @@ def test_a_folder_or_a_glob_gives_the_pattern_s_shards(shards: Path) -> None:
     names = [f"{shards}/train-{i:06d}.tar" for i in range(4)]
     assert expand(str(shards / PATTERN), "data.train") == names
     assert expand(f"{shards}/train-*.tar", "data.train") == names
+    both = expand(f"{shards}/{{train,val}}-*.tar", "data.train")  # braces, then the glob
+    assert both == [*names, f"{shards}/val-000000.tar", f"{shards}/val-000001.tar"]
+    # A list of a glob and a folder, and the manifest of the list: its first part's folder's.
+    assert expand(f"{shards}/train-00000[01].tar::{shards}", "data.train", "train") == [
+        *names[:2],
+        *names,
+    ]
+    assert find_manifest(f"{shards}/train-*.tar::{shards}", "", "data.train").path == (
+        shards / "index.json"
+    )
     # A folder: its index.json says which of its shards are of the split asked for.
     assert expand(str(shards), "data.train", "train") == names
     assert expand(str(shards), "data.val", "val") == [f"{shards}/val-00000{i}.tar" for i in (0, 1)]
@@ -132,8 +143,9 @@ def test_a_folder_or_a_glob_gives_the_pattern_s_shards(shards: Path) -> None:
     "urls,split,message",
     [
         ("{shards}", "test", "{shards}/index.json lists no test shard (its splits: train, val)"),
-        ("{shards}", "", "INPUT {shards} is a folder: give its shards (e.g. {shards}/val-*.tar)"),
+        ("{shards}", "", "INPUT: {shards} is a folder: give its shards, e.g. '{shards}/test-*"),
         ("{shards}/test-*.tar", "test", "config key INPUT: {shards}/test-*.tar matches no file"),
+        ("{shards}::", "train", "config key INPUT: '{shards}::' has an empty part between its"),
         ("{empty}", "train", "{empty} is a folder, and its index.json, which says which shards"),
     ],
 )
