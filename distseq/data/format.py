@@ -218,9 +218,10 @@ def find_manifest(urls: str, manifest: str, key: str) -> Manifest:
     if manifest:
         path = Path(manifest)
     else:
-        folder = local_path(urls.split("::")[0])
+        part = urls.split("::")[0]
+        folder = local_path(part) if part else None  # "" is no folder: expand refuses it
         if folder is None or not folder.is_dir():  # else a shard folder (data.tar.expand)
-            first = local_path(expand(urls.split("::")[0], key)[0])
+            first = local_path(expand(part, key)[0])
             if first is None:
                 raise ConfigError(f"config key {key}: remote shards ({urls}) need a manifest path")
             folder = first.parent
