@@ -48,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     from distseq.bench import command as bench
     from distseq.checkpoint import command as export
     from distseq.config import command as config
@@ -66,9 +66,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def commands() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its command line (``distseq bench data``), subcommands after
+    their command: what the manual's command-line page prints."""
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        found[name] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    walk(child, f"{name} {sub}")
+
+    walk(build_parser(), "distseq")
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     exit_with_agent()  # first: the imports below take seconds, and the agent may die meanwhile
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         args.run(args)
     except (ConfigError, ModelError) as e:

@@ -137,7 +137,7 @@ def nodes() -> list[Node]:
 
 def nodes_line(found: list[Node]) -> str:
     """The start-up line naming each node and where it talks from; "" on one node. A wrong
-    address or interface is how a multi-node run hangs (README)."""
+    address or interface is how a multi-node run hangs (docs/launching.md)."""
     if len(found) < 2:
         return ""
     store = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_distseq as distseq
 from conftest import tiny_config
 from distseq import __version__
-from distseq.cli import _parser, main
+from distseq.cli import commands, main
 from streams import N_TRAIN, sequences_of
 
 
@@ -173,21 +173,6 @@ def test_submit_dry_run_shows_the_sbatch_script(tmp_path: Path, shards: Path) ->
     assert bad.returncode == 2 and "--time" in bad.stderr
 
 
-def _parsers() -> dict[str, argparse.ArgumentParser]:
-    """Every command's parser, by its command line (``distseq bench data``)."""
-    found: dict[str, argparse.ArgumentParser] = {}
-
-    def walk(parser: argparse.ArgumentParser, name: str) -> None:
-        found[name] = parser
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for sub, child in action.choices.items():
-                    walk(child, f"{name} {sub}")
-
-    walk(_parser(), "distseq")
-    return found
-
-
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
@@ -196,7 +181,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_every_help_shows_its_defaults_and_no_markup() -> None:
-    parsers = _parsers()
+    parsers = commands()
     assert {"distseq shard", "distseq bench data", "distseq train"} <= set(parsers)
     for name, parser in parsers.items():
         text = parser.format_help()
@@ -219,7 +204,7 @@ def test_every_help_shows_its_defaults_and_no_markup() -> None:
 def test_an_option_name_means_one_thing() -> None:
     # The same option in two commands takes the same number of values in the same way.
     kinds: dict[str, set[tuple[object, str]]] = {}
-    for parser in _parsers().values():
+    for parser in commands().values():
         for action in parser._actions:
             if action.help == argparse.SUPPRESS:
                 continue

@@ -238,8 +238,8 @@ def table(rows: list[Row], case: Case) -> str:
 
 
 def targets(rows: list[Row]) -> list[str]:
-    """The targets the README sets for the planner (budget kept, near the bound, half of plain's
-    memory, against truncation, the floor), each with its measured figure, met or not."""
+    """The targets docs/benchmarks.md sets for the planner (budget kept, near the bound, half of
+    plain's memory, against truncation, the floor), each with its measured figure, met or not."""
     out = []
     for frames in sorted({r.frames for r in rows}):
         at = {r.approach: r for r in rows if r.frames == frames and r.approach != "planner"}

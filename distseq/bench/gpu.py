@@ -179,7 +179,7 @@ def _compile_lines(rows: list[Row]) -> list[Line]:
     for name in ("plain", "chunked"):
         eager, compiled = _row(rows, name), _row(rows, f"{name}_compiled")
         if eager.step_seconds and compiled.step_seconds:
-            exact = "exact" if compiled.exact else "NOT exact (README: compile)"
+            exact = "exact" if compiled.exact else "NOT exact (docs/config.md: model.compile)"
             speed = eager.step_seconds / compiled.step_seconds
             out.append(Line(f"{name} compiled: speed-up", speed, "x", exact))
     return out

@@ -65,8 +65,8 @@ TRAININGS = {
     "end_to_end": ("end_to_end",),
 }
 SCORES = ("val_accuracy", "val_jaccard", *(f"val_{m}" for m in SEGMENT_METRICS))
-# Stage 3's learning rates, as scales of the config's optim.lr (measured: README, "Does end to
-# end pay"). configs/stages/3-end-to-end.yaml holds the same groups.
+# Stage 3's learning rates, as scales of the config's optim.lr (measured: docs/benchmarks.md,
+# "Recipes"). configs/stages/3-end-to-end.yaml holds the same groups.
 STAGE3 = ["optim.groups=[{prefix: backbone, lr_scale: 0.1}, {prefix: head, lr_scale: 0.1}]"]
 # Frame accuracies closer than this tie whatever the seeds say: three seeds of 0.999 and 1.000
 # make a standard error of 0, and a "win" by 0.001 that no user would rent GPUs for.

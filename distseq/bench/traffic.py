@@ -7,8 +7,8 @@ then one counted by ``CollectiveCounter`` (the count slows the step, so it is no
 Bytes are per rank and per step, as the counter measures them: each collective's full buffer
 (an all-gather's output, a reduce-scatter's input, an all-reduce's tensor). ``wire`` is what a
 ring algorithm moves over one rank's link for those buffers, (W-1)/W of an all-gather's or a
-reduce-scatter's and 2(W-1)/W of an all-reduce's: the figure the README's cost model divides by
-a link's bandwidth.
+reduce-scatter's and 2(W-1)/W of an all-reduce's: the figure that the cost model of
+docs/benchmarks.md divides by a link's bandwidth.
 
 ``predicted`` comes from the parameter count alone. DDP all-reduces every gradient once: 4 P
 bytes in fp32. FSDP2, as ``parallel.parallelize`` wraps the model, gathers the root unit (the

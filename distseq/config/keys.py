@@ -1,6 +1,7 @@
-"""What each config key means, for people: the README's configuration table and ``distseq
-config --keys`` are made from these and the schema's defaults, and the tests check that every
-key of the schema has its line here and no line names a key it lacks (tests/test_config.py)."""
+"""What each config key means, for people: the manual's configuration page (docs/config.md)
+and ``distseq config --keys`` are made from these and the schema's defaults, and the tests check
+that every key of the schema has its line here and no line names a key it lacks
+(tests/test_config.py)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ DOCS: dict[str, str] = {
         " and tests (32 features); `timm:NAME`, a timm model without its classifier, with its "
         "own mean and std (`pip install 'distseq[timm]'`); or your factory's import path, "
         "`pkg.module:make_cnn`, whose module maps float frames [N, 3, H, W] to [N, F] "
-        "([docs/library.md](docs/library.md))"
+        "([docs/library.md](library.md))"
     ),
     "model.backbone.weights": (
         "a local `state_dict` file (any backbone; a timm file's classifier keys are left out), "
@@ -91,8 +92,8 @@ DOCS: dict[str, str] = {
     ),
     "model.head.kind": (
         "`lstm`, `gru`, `none` (per-frame classifier), `mstcn` (MS-TCN; with `causal`, TeCNO's "
-        "causal TCN), `transformer` (local attention; see [Temporal "
-        "heads](#temporal-heads-and-losses)), or your factory's import path, "
+        "causal TCN), `transformer` (local attention; see [docs/training.md, temporal "
+        "heads](training.md#temporal-heads-and-losses)), or your factory's import path, "
         "`pkg.module:make_head`, called as `make_head(in_features=F, num_classes=K, "
         "**model.head.args)`; its module maps (features [B, T, F], mask [B, T]) to logits [B, "
         "T, K] (or [S, B, T, K], one per stage, the last the prediction), and carries state "
@@ -230,7 +231,7 @@ DOCS: dict[str, str] = {
         "while the CNN trains) still have their gradients computed, then dropped, and a part "
         "that unfreezes is planned as training. A prefix that names no parameter is refused, "
         "naming the model's top-level names; `distseq.param_groups` gives the same groups to an"
-        " optimizer of your own ([docs/library.md](docs/library.md))"
+        " optimizer of your own ([docs/library.md](library.md))"
     ),
     "train.steps": "optimizer steps",
     "train.seed": "seeds the model init and the data order",
@@ -293,7 +294,8 @@ def shown(key: str, value: object) -> str:
 
 
 def reference_table() -> str:
-    """The README's configuration table: key, default, meaning."""
+    """The manual's configuration table (docs/config.md): key, default, meaning. Its links are
+    relative to docs/."""
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for key, value in key_values():
         lines.append(f"| `{key}` | {shown(key, value)} | {DOCS[key]} |")
@@ -301,6 +303,6 @@ def reference_table() -> str:
 
 
 def plain(text: str) -> str:
-    """Markdown as a terminal shows it: no backticks, a link as its text and target."""
-    text = re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r"\1 (\2)", text)
+    """Markdown as a terminal shows it: no backticks, a link as its text (which names the page)."""
+    text = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", text)
     return text.replace("`", "")

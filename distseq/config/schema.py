@@ -183,7 +183,7 @@ class BackboneConfig:
     # A local state_dict file, or a torchvision weights entry (DEFAULT, IMAGENET1K_V1, ...) read
     # from torchvision's cache ($TORCH_HOME/hub/checkpoints); empty: random init.
     weights: str = ""
-    norm: Norm = Norm.groupnorm  # BatchNorm's replacement, if any (README: why groupnorm)
+    norm: Norm = Norm.groupnorm  # BatchNorm's replacement, if any (docs/training.md says why)
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of a factory or timm
 
     def __post_init__(self) -> None:
