@@ -1,4 +1,4 @@
-"""distseq command line: train, config, demo, shard, export, eval, predict, features, report,
+"""distseq command line: train, config, demo, shard, export, predict, features, eval, report,
 submit, bench.
 
 Each stage's commands live in ``<stage>/command.py`` (``add_parser`` sets ``run``), thin runs
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     from distseq.config import command as config
     from distseq.demo import command as demo
     from distseq.evaluate import command as evaluate
+    from distseq.infer import command as infer
     from distseq.launch import command as submit
     from distseq.shard import command as shard
     from distseq.train import command as train
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="distseq", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"distseq {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (train, config, demo, shard, export, evaluate, submit, bench):
+    for command in (train, config, demo, shard, export, infer, evaluate, submit, bench):
         command.add_parser(sub)
     return parser
 

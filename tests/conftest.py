@@ -23,11 +23,21 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from distseq.config import BackboneConfig, HeadConfig, MemoryConfig, ModelConfig, Norm, Recompute
+from distseq.checkpoint.export import Loaded
+from distseq.config import (
+    BackboneConfig,
+    HeadConfig,
+    MemoryConfig,
+    ModelConfig,
+    Norm,
+    Recompute,
+    load_config,
+)
 from distseq.data.batch import IGNORE_INDEX, Batch
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.video import build_model
+from distseq.parallel import DistInfo
 from streams import write_stream_shards
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +75,17 @@ memory: {{chunk_frames: 3}}
 train: {{steps: 3, log_every: 1, out_dir: {tmp_path / "run"}}}
 """)
     return path
+
+
+ONE = DistInfo(0, 1, torch.device("cpu"))  # one process, no process group
+
+
+def untrained(shards: Path, classes: list[str]) -> Loaded:
+    """A small model, as loaded for eval or predict, before any training."""
+    overrides = [f"data.train={shards}/train-000000.tar", f"data.val={shards}/val-000000.tar"]
+    cfg = load_config(None, [*overrides, "data.size=32", "model.head.hidden=8"])
+    torch.manual_seed(0)
+    return Loaded(build_model(cfg.model, len(classes)).eval(), cfg, classes, 0)
 
 
 def tiny_model(

@@ -47,10 +47,10 @@ from distseq.config import (
 )
 from distseq.data.tar import expand, shard_name
 from distseq.errors import ConfigError
-from distseq.evaluate.features import write_features
 from distseq.evaluate.metrics import SEGMENT_METRICS
-from distseq.evaluate.predict import frame_recipe
 from distseq.files import write_atomic
+from distseq.infer.features import write_features
+from distseq.infer.predict import frame_recipe
 from distseq.parallel import close_distributed, init_distributed
 from distseq.train.loop import train
 from distseq.train.signals import StopSignals

@@ -25,9 +25,9 @@ from distseq.evaluate.metrics import (
     SEGMENT_METRICS,
     Scoring,
 )
-from distseq.evaluate.outputs import write_predictions
 from distseq.evaluate.validate import validate
 from distseq.files import write_atomic
+from distseq.infer.outputs import write_predictions
 from distseq.parallel import DistInfo
 
 SCRIPT_RELAXED_SECONDS = 10.0  # Evaluate.m's oriT = 10 * fps

@@ -19,9 +19,10 @@ from distseq.data.format import find_manifest, load_manifest
 from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
 from distseq.errors import TrainingError
-from distseq.evaluate.plots import confusion, curves, ribbon
+from distseq.evaluate.plots import confusion, curves
 from distseq.evaluate.validate import VALIDATION, probabilities_by_video
 from distseq.files import write_atomic
+from distseq.infer.ribbon import ribbon
 
 STYLE = (
     "body{font-family:sans-serif;max-width:1040px;margin:auto}"

@@ -6,25 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from distseq.checkpoint.export import Loaded
-from distseq.config import load_config
+from conftest import ONE, untrained
 from distseq.errors import ConfigError
 from distseq.evaluate.evaluation import Judging, evaluate, table
 from distseq.evaluate.metrics import count_video, summarize
-from distseq.model.video import build_model
-from distseq.parallel import DistInfo
 from streams import N_VAL
-
-ONE = DistInfo(0, 1, torch.device("cpu"))
-
-
-def untrained(shards: Path, classes: list[str]) -> Loaded:
-    overrides = [f"data.train={shards}/train-000000.tar", f"data.val={shards}/val-000000.tar"]
-    cfg = load_config(None, [*overrides, "data.size=32", "model.head.hidden=8"])
-    torch.manual_seed(0)
-    return Loaded(build_model(cfg.model, len(classes)).eval(), cfg, classes, 0)
 
 
 def test_a_split_s_report_and_its_files(shards: Path, tmp_path: Path) -> None:

@@ -12,22 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import ONE
 from distseq.checkpoint.export import Loaded, load_model
 from distseq.config import Config, load_config
 from distseq.data.format import find_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
 from distseq.evaluate.evaluation import Judging, evaluate
-from distseq.evaluate.features import write_features
-from distseq.evaluate.predict import FrameRecipe
+from distseq.infer.features import write_features
+from distseq.infer.predict import FrameRecipe
 from distseq.model.video import FeatureModel, build_model
-from distseq.parallel import DistInfo
 from distseq.train.loop import train
 from distseq.train.step import train_step
 from distseq.train.warm_start import warm_start
 from streams import N_VAL
 
-ONE = DistInfo(0, 1, torch.device("cpu"))
 CLASSES = ["phase0", "phase1", "phase2"]
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_evaluation import ONE, untrained
 
+from conftest import ONE, untrained
 from distseq.checkpoint.export import Loaded
 from distseq.cli import main
 from distseq.data.format import find_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
-from distseq.evaluate.features import write_features
-from distseq.evaluate.predict import FrameRecipe
+from distseq.infer.features import write_features
+from distseq.infer.predict import FrameRecipe
 from distseq.model.backbone import tiny_cnn
 from distseq.model.frames import IMAGENET_MEAN, IMAGENET_STD
 from distseq.model.video import build_feature_model

@@ -19,7 +19,7 @@ from distseq.cli import main
 from distseq.config import load_config, to_dict
 from distseq.data.decode import check_sample, decode
 from distseq.data.tar import read_shard
-from distseq.evaluate.predict import frame_recipe, streamed_probabilities, videos
+from distseq.infer.predict import frame_recipe, streamed_probabilities, videos
 from distseq.memory.measure import peak_memory
 from distseq.model.head import last_stage
 from distseq.model.video import build_model

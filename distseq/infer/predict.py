@@ -31,8 +31,8 @@ from distseq.data.sources import find_sources
 from distseq.data.tar import expand, read_shard
 from distseq.data.video import source_frames
 from distseq.errors import ConfigError, DataError
-from distseq.evaluate.outputs import write_predictions
-from distseq.evaluate.plots import ribbon
+from distseq.infer.outputs import write_predictions
+from distseq.infer.ribbon import ribbon
 from distseq.model.head import Carry, last_stage
 from distseq.model.video import VideoModel
 from distseq.parallel import DistInfo, all_reduce_sum

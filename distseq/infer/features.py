@@ -45,7 +45,7 @@ from distseq.data.format import (
 )
 from distseq.data.tar import add_member, expand, read_shard, shard_name
 from distseq.errors import ConfigError, DataError
-from distseq.evaluate.predict import FrameRecipe, chunks, frames_of, is_shards, videos
+from distseq.infer.predict import FrameRecipe, chunks, frames_of, is_shards, videos
 from distseq.model.video import VideoModel, build_model
 from distseq.parallel import DistInfo, all_reduce_sum
 
