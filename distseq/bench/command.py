@@ -169,7 +169,8 @@ def _add_heads(sub: Subparsers) -> None:
         "heads", help="LSTM, MS-TCN, transformer side by side; MS-TCN against a plain loop"
     )
     p.add_argument("--frames", type=int, nargs="+", default=[1000, 10000], help="T per case")
-    p.add_argument("--features", type=int, default=2048, help="F, features a frame (I3D's)")
+    p.add_argument("--feature-dim", type=int, default=2048, help="F, features a frame (I3D's)")
+    _renamed(p, "--features", "--feature-dim")
     p.add_argument("--num-classes", dest="classes", type=int, default=19, help="K, 50Salads'")
     _renamed(p, "--classes", "--num-classes")
     p.add_argument("--videos", type=int, default=40, help="training videos of the epoch rows")

@@ -38,7 +38,7 @@ SEQUENCES_PER_SHARD = 2  # 8 shards: enough for 8 workers
 
 
 @dataclass
-class Record:
+class DataRecord:
     augment: bool
     workers: int  # DataLoader workers; 0: in this process, one thread: one worker's throughput
     size: int  # data.size; the shards' frame size, so that no resize is timed without augment
@@ -103,7 +103,7 @@ class DataBench:
     json: bool
 
 
-def _bench(args: DataBench, pattern: str) -> list[Record]:
+def _bench(args: DataBench, pattern: str) -> list[DataRecord]:
     paths = wds.shardlists.expand_urls(pattern)
     for path in paths:
         if not Path(path).is_file():
@@ -130,7 +130,7 @@ def _bench(args: DataBench, pattern: str) -> list[Record]:
         per_worker = one[0] / one[1]
         for n, (frames, seconds) in runs.items():
             fps = frames / seconds
-            rec = Record(
+            rec = DataRecord(
                 augment=augment,
                 workers=n,
                 size=args.size,
@@ -150,7 +150,7 @@ def _bench(args: DataBench, pattern: str) -> list[Record]:
     return records
 
 
-def _print(rec: Record, as_json: bool) -> None:
+def _print(rec: DataRecord, as_json: bool) -> None:
     if as_json:
         print(json.dumps(asdict(rec)), flush=True)
         return
@@ -161,7 +161,7 @@ def _print(rec: Record, as_json: bool) -> None:
     )
 
 
-def bench_data(args: DataBench) -> list[Record]:
+def bench_data(args: DataBench) -> list[DataRecord]:
     if not args.json:
         print(
             f"{args.size}px, window {args.window}, batch {BATCH_SIZE}, {args.count} frames per "

@@ -68,7 +68,7 @@ class HeadsBench:
     """One ``bench heads`` run: its options, as the command line gives them."""
 
     frames: list[int]
-    features: int
+    feature_dim: int
     classes: int
     videos: int
     min_frames: int
@@ -98,12 +98,14 @@ class EpochRecord:
     peak_bytes: int  # a step on the longest video
 
 
-def bench_head(name: str, cfg: HeadConfig, frames: int, features: int, classes: int) -> HeadRecord:
+def bench_head(
+    name: str, cfg: HeadConfig, frames: int, feature_dim: int, classes: int
+) -> HeadRecord:
     """One training step of the head ``cfg`` over one video of random features."""
     torch.manual_seed(0)
-    head = build_head(features, cfg, classes)
+    head = build_head(feature_dim, cfg, classes)
     loss = Loss(SMOOTHING if cfg.kind == "mstcn" else LossConfig(), None)
-    feats = torch.randn(1, frames, features)
+    feats = torch.randn(1, frames, feature_dim)
     labels = torch.randint(0, classes, (1, frames))
     mask = torch.ones(1, frames, dtype=torch.bool)
     stateful = is_stateful(head)
@@ -120,7 +122,7 @@ def bench_head(name: str, cfg: HeadConfig, frames: int, features: int, classes: 
 
 
 def simulated_release(
-    root: Path, *, videos: int, features: int, classes: int, min_frames: int, max_frames: int
+    root: Path, *, videos: int, feature_dim: int, classes: int, min_frames: int, max_frames: int
 ) -> None:
     """A release of MS-TCN's layout: ``videos`` training videos (and one test video) of random
     features, their lengths drawn from [min_frames, max_frames], labelled in segments."""
@@ -132,7 +134,7 @@ def simulated_release(
     stems = [f"video{i:03d}" for i in range(videos + 1)]
     for stem in stems:
         t = int(rng.integers(min_frames, max_frames + 1))
-        feats = rng.standard_normal((features, t), dtype=np.float32)
+        feats = rng.standard_normal((feature_dim, t), dtype=np.float32)
         np.save(root / "features" / f"{stem}.npy", feats)
         cuts = np.sort(rng.choice(np.arange(1, t), size=min(classes, t) - 1, replace=False))
         ids = np.repeat(rng.permutation(classes)[: len(cuts) + 1], np.diff([0, *cuts, t]))
@@ -194,7 +196,7 @@ def distseq_epoch(shards: Path, args: HeadsBench) -> EpochRecord:
     """One epoch of MS-TCN as distseq trains it: its loader over the imported shards, its step
     and loss; and a step's peak on the longest video."""
     torch.manual_seed(0)
-    model = FeatureModel(build_head(args.features, MSTCN, args.classes), args.features)
+    model = FeatureModel(build_head(args.feature_dim, MSTCN, args.classes), args.feature_dim)
     optimizer, loss = _adam(model), Loss(SMOOTHING, None)
     urls = "::".join(str(p) for p in sorted(shards.glob("train-*.tar")))
     # Each video once, in order, as the plain loop reads them: the loader's epoch-by-epoch
@@ -224,7 +226,7 @@ def plain_epoch(root: Path, args: HeadsBench) -> EpochRecord:
     """One epoch of the same model and loss as MS-TCN's code trains them: each video's .npy and
     ground truth read for its step, the loss written out as in MS-TCN's train.py."""
     torch.manual_seed(0)
-    model = build_head(args.features, MSTCN, args.classes)
+    model = build_head(args.feature_dim, MSTCN, args.classes)
     optimizer = _adam(model)
     ids = {line.split()[1]: int(line.split()[0]) for line in (root / "mapping.txt").open()}
     names = (root / "splits" / "train.split1.bundle").read_text().split()
@@ -270,17 +272,17 @@ def end_to_end(args: HeadsBench, recompute: Recompute) -> HeadRecord:
 
 def bench_heads(args: HeadsBench) -> tuple[list[HeadRecord], list[EpochRecord], list[HeadRecord]]:
     heads = [
-        bench_head(name, cfg, t, args.features, args.classes)
+        bench_head(name, cfg, t, args.feature_dim, args.classes)
         for t in args.frames
         for name, cfg in HEADS.items()
     ]
-    _print_heads(heads, args, f"Heads over {args.features} features a frame, one video, CPU")
+    _print_heads(heads, args, f"Heads over {args.feature_dim} features a frame, one video, CPU")
     with tempfile.TemporaryDirectory() as tmp:
         root, shards = Path(tmp) / "release", Path(tmp) / "shards"
         simulated_release(
             root,
             videos=args.videos,
-            features=args.features,
+            feature_dim=args.feature_dim,
             classes=args.classes,
             min_frames=args.min_frames,
             max_frames=args.max_frames,

@@ -63,7 +63,7 @@ def floor_bytes(
 
 
 @dataclass
-class Record:
+class MemoryRecord:
     backbone: str
     recompute: str
     frames: int
@@ -78,12 +78,12 @@ class Record:
 
 def bench_case(
     backbone: str, recompute: Recompute, frames: int, size: int, chunk: int, device: torch.device
-) -> Record:
+) -> MemoryRecord:
     model = bench_model(backbone, recompute, chunk, device)
     x, mask, labels = random_sequence(frames, size, device)
     cost = measure_step(model, x, mask, labels)
     floor = floor_bytes(backbone, model, x, mask, chunk)
-    return Record(
+    return MemoryRecord(
         backbone,
         recompute.value,
         frames,
@@ -109,7 +109,7 @@ class MemoryBench:
     json: bool
 
 
-def bench_memory(args: MemoryBench) -> list[Record]:
+def bench_memory(args: MemoryBench) -> list[MemoryRecord]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     records = []
     if not args.json:
@@ -119,7 +119,7 @@ def bench_memory(args: MemoryBench) -> list[Record]:
             f"{'step s':>8} {'peak/first':>10} {'time/first':>10}"
         )
     for frames in args.frames:
-        first: Record | None = None
+        first: MemoryRecord | None = None
         for name in args.recompute:
             rec = bench_case(args.backbone, Recompute(name), frames, args.size, args.chunk, device)
             records.append(rec)

@@ -61,7 +61,7 @@ class TrafficBench:
 
 
 @dataclass
-class Record:
+class TrafficRecord:
     mode: str
     world: int
     chunks: int
@@ -115,7 +115,7 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch, world: int
     opt.step()
 
 
-def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> Record:
+def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> TrafficRecord:
     """On each rank: one step to warm up, one timed, one counted."""
     model = bench_model(opts.backbone, Recompute.torch, opts.frames // chunks, info.device)
     predicted = predicted_bytes(model, mode, info.world)
@@ -133,13 +133,13 @@ def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> Recor
     with CollectiveCounter() as counter:
         _step(sharded, opt, batch, info.world)
     slowest = max(all_gather_objects([seconds]))
-    return Record(
+    return TrafficRecord(
         mode, info.world, chunks, parameters, dict(counter.counts), dict(counter.bytes),
         sum(counter.bytes.values()), predicted, wire_bytes(counter.bytes, info.world), slowest,
     )  # fmt: skip
 
 
-def world_records(opts: TrafficBench, world: int) -> list[Record]:
+def world_records(opts: TrafficBench, world: int) -> list[TrafficRecord]:
     """One torchrun group of ``world`` ranks on this host; rank 0's records."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc_per_node={world}", "-m", "distseq.bench.traffic", json.dumps(asdict(opts))]
@@ -149,7 +149,7 @@ def world_records(opts: TrafficBench, world: int) -> list[Record]:
     if proc.returncode != 0 or not lines:
         why = torchrun_failure(proc.stderr.strip() or proc.stdout.strip() or "no output")
         raise TrainingError(f"bench traffic at world {world}: torchrun failed: {why}")
-    return [Record(**json.loads(line)) for line in lines]
+    return [TrafficRecord(**json.loads(line)) for line in lines]
 
 
 def torchrun_failure(said: str) -> str:
@@ -172,8 +172,8 @@ def torchrun_failure(said: str) -> str:
     return lines[-1]
 
 
-def bench_traffic(opts: TrafficBench) -> list[Record]:
-    records: list[Record] = []
+def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
+    records: list[TrafficRecord] = []
     if not opts.json:
         print(
             f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, T frames per rank "

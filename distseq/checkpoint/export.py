@@ -60,7 +60,7 @@ class Loaded:
         return self.model
 
 
-def load_checkpoint_model(source: Path) -> Loaded:
+def load_checkpointed(source: Path) -> Loaded:
     """The model of a sharded checkpoint, from a run directory, its checkpoints/, a latest file
     or a step_N directory, in one process (DCP reads every rank's shards)."""
     path = resolve_checkpoint(source)
@@ -75,11 +75,11 @@ def load_model(source: Path) -> Loaded:
     """An exported file (safe to accept from others) or a checkpoint (unpickles DCP metadata)."""
     if source.is_file() and source.name != "latest":
         return load_exported(source)
-    return load_checkpoint_model(source)
+    return load_checkpointed(source)
 
 
 def export(source: Path, out: Path) -> Path:
-    loaded = load_checkpoint_model(source)
+    loaded = load_checkpointed(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     blob = {
         "format": FORMAT,

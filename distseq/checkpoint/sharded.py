@@ -398,7 +398,7 @@ def _check_compatible(path: Path, meta: dict[str, Any], state: TrainState) -> No
         )
 
 
-def load_checkpoint(path: Path, state: TrainState) -> Resumed:
+def restore_training(path: Path, state: TrainState) -> Resumed:
     """Restore model, optimizer and schedule in place; every rank must call this.
 
     RNG states are restored separately, by :func:`restore_rng`, once everything that draws

@@ -69,15 +69,15 @@ Row = tuple[str, torch.Tensor | list[torch.Tensor], list[int], bool]
 
 
 def collate(
-    rows: list[Row], size: int, skipped: list[str], worker: int, features: int | None = None
+    rows: list[Row], size: int, skipped: list[str], worker: int, feature_dim: int | None = None
 ) -> Batch:
     """Pad to the longest sequence in the batch; padding is masked out and ignored by the loss.
     With no rows, a batch that only carries skipped ids home from a worker; never yielded.
-    ``features``: the rows hold features of that size, not frames of ``size``."""
+    ``feature_dim``: the rows hold features of that size, not frames of ``size``."""
     length = max((len(y) for _, _, y, _ in rows), default=1)
     segment = (-1, -1)
-    if features is not None:  # small (2 bytes a feature): no shared-memory segment
-        frames = torch.empty((len(rows), length, features), dtype=torch.float16)
+    if feature_dim is not None:  # small (2 bytes a feature): no shared-memory segment
+        frames = torch.empty((len(rows), length, feature_dim), dtype=torch.float16)
     else:
         # Channels last like the decoded frames; in a worker, in a shared-memory segment it
         # reuses.
@@ -100,13 +100,13 @@ def collate(
     return Batch(frames, labels, mask, keys, skipped, starts, worker, segment)
 
 
-def empty_batch(size: int, features: int | None = None) -> Batch:
-    """One fully masked frame (of ``features``, if given): keeps a rank in lockstep with ranks
-    that still have data."""
+def empty_batch(size: int, feature_dim: int | None = None) -> Batch:
+    """One fully masked frame (of ``feature_dim`` features, if given): keeps a rank in lockstep
+    with ranks that still have data."""
     frames = (
         torch.zeros((1, 1, 3, size, size), dtype=torch.uint8)
-        if features is None
-        else torch.zeros((1, 1, features), dtype=torch.float16)
+        if feature_dim is None
+        else torch.zeros((1, 1, feature_dim), dtype=torch.float16)
     )
     return Batch(
         frames,

@@ -40,14 +40,14 @@ class Video:
 
 
 def check_sample(
-    sample: Sample, num_classes: int, stride: int, features: int | None = None
+    sample: Sample, num_classes: int, stride: int, feature_dim: int | None = None
 ) -> Video:
     """Validate a sample (cheap: nothing is decoded) and keep every ``stride``-th frame; with
-    ``features`` (a feature shard's feature size), read its features."""
+    ``feature_dim`` (a feature shard's feature size), read its features."""
     if sample.cut:
         raise DataError(sample.cut)
-    if features is not None:
-        return _check_features(sample, num_classes, stride, features)
+    if feature_dim is not None:
+        return _check_features(sample, num_classes, stride, feature_dim)
     key, where = sample.key, sample.where
     jpegs: dict[int, bytes] = {}
     for name, value in sample.members.items():

@@ -105,7 +105,9 @@ class Manifest:
     fps: float | None = None
     size: int | None = None
     quality: int | None = None
-    features: int | None = None  # feature shards: the feature size; None: frame shards
+    feature_dim: int | None = (
+        None  # feature shards: the feature size (index.json's "features"); None: frame shards
+    )
     path: Path = Path("index.json")  # where it was read from or is written to
 
     @property
@@ -200,14 +202,14 @@ def load_manifest(cfg: DataConfig) -> Manifest:
 
 def check_kind(manifest: Manifest, features: bool) -> None:
     """Refuse frame shards where a model takes features (data.features), and the other way."""
-    if features and manifest.features is None:
+    if features and manifest.feature_dim is None:
         raise ConfigError(
             f"data.features=true, but {manifest.path} describes frame shards; make feature "
             "shards with distseq features"
         )
-    if not features and manifest.features is not None:
+    if not features and manifest.feature_dim is not None:
         raise ConfigError(
-            f"{manifest.path} describes feature shards ({manifest.features} a frame), but "
+            f"{manifest.path} describes feature shards ({manifest.feature_dim} a frame), but "
             "data.features=false: a model trained on frames cannot read them"
         )
 

@@ -80,7 +80,7 @@ class _TrainWorker:
 
     def __init__(self, stream: _TrainStream, worker: int, workers: int, todo: int) -> None:
         self.cfg, self.num_classes, self.bad = stream.cfg, stream.num_classes, stream.bad
-        self.features = stream.features
+        self.feature_dim = stream.feature_dim
         self.max_bad_run = stream.max_bad_run
         self.rng = random.Random(f"distseq-samples:{stream.seed}:{stream.rank}:{worker}")
         buf = self.cfg.shuffle_buffer
@@ -134,7 +134,9 @@ class _TrainWorker:
         while True:
             sample = next(self.samples)
             try:
-                return check_sample(sample, self.num_classes, self.cfg.frame_stride, self.features)
+                return check_sample(
+                    sample, self.num_classes, self.cfg.frame_stride, self.feature_dim
+                )
             except DataError as e:
                 self._fail(sample.id, e)
 
@@ -186,7 +188,7 @@ class _TrainStream(Stream):
         bad: frozenset[str],
     ) -> None:
         self.cfg, self.urls, self.num_classes = cfg, urls, manifest.num_classes
-        self.features = manifest.features  # feature shards: the feature size
+        self.feature_dim = manifest.feature_dim  # feature shards: the feature size
         self.seed, self.rank, self.world = seed, rank, world
         self.skip, self.bad = skip, bad
         total = sum(info.samples for info in manifest.shards.values() if info.split == "train")
@@ -231,7 +233,7 @@ class _TrainStream(Stream):
                 state.todo -= 1
                 continue
             rows = [(w.key, w.decode(size), w.labels, w.first) for w in windows]
-            yield collate(rows, size, skipped, worker, self.features)
+            yield collate(rows, size, skipped, worker, self.feature_dim)
 
 
 def train_batches(

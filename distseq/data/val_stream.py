@@ -32,7 +32,7 @@ class _ValStream(Stream):
         world: int,
     ) -> None:
         self.cfg, self.urls, self.num_classes = cfg, urls, manifest.num_classes
-        self.features = manifest.features  # feature shards: the feature size
+        self.feature_dim = manifest.feature_dim  # feature shards: the feature size
         self.total, self.rank, self.world = total, rank, world
 
     def __iter__(self) -> Iterator[Batch]:
@@ -51,7 +51,9 @@ class _ValStream(Stream):
                 if not mine:
                     continue
                 try:
-                    video = check_sample(sample, self.num_classes, cfg.frame_stride, self.features)
+                    video = check_sample(
+                        sample, self.num_classes, cfg.frame_stride, self.feature_dim
+                    )
                     frames: torch.Tensor | list[torch.Tensor] | None = video.features
                     if frames is None:
                         frames = decode(video.jpegs, video.where, cfg.size)
@@ -60,7 +62,7 @@ class _ValStream(Stream):
                     continue
                 rows.append((video.key, frames, video.labels, True))
                 if len(rows) == cfg.batch_size:
-                    yield collate(rows, cfg.size, skipped, worker, self.features)
+                    yield collate(rows, cfg.size, skipped, worker, self.feature_dim)
                     rows, skipped = [], []
         # A cut-off shard holds fewer samples than index.json says (the cut one was reported).
         if index > self.total or (index < self.total and not cut):
@@ -68,7 +70,7 @@ class _ValStream(Stream):
                 f"val shards {self.urls[0]}... hold {index} samples, index.json says {self.total}"
             )
         if rows or skipped:
-            yield collate(rows, cfg.size, skipped, worker, self.features)
+            yield collate(rows, cfg.size, skipped, worker, self.feature_dim)
 
 
 def _val_batch_count(total: int, world: int, workers: int, batch_size: int) -> int:
@@ -99,7 +101,9 @@ def val_batches(
     workers = max(1, cfg.num_workers)
     stream = _ValStream(cfg, urls, manifest, total, rank, world)
     count = _val_batch_count(total, world, workers, cfg.batch_size)
-    return _padded(loader(stream, cfg.num_workers), count, empty_batch(cfg.size, manifest.features))
+    return _padded(
+        loader(stream, cfg.num_workers), count, empty_batch(cfg.size, manifest.feature_dim)
+    )
 
 
 def _padded(batches: Iterator[Batch], count: int, empty: Batch) -> Iterator[Batch]:

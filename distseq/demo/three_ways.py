@@ -41,7 +41,7 @@ LENGTH, SIZE, PER_SHARD = 512, 16, 16
 
 
 @dataclass
-class Record:
+class DemoRecord:
     model: str
     memory_accuracy: float  # on the frames whose label is the cue's colour
     accuracy: float  # on all labelled frames: the same frames in this task
@@ -90,7 +90,9 @@ def _task_shards(data: Path, train: int, val: int) -> list[str]:
     return shards
 
 
-def run_demo(out_dir: str, overrides: list[str], train_seqs: int, val_seqs: int) -> list[Record]:
+def run_demo(
+    out_dir: str, overrides: list[str], train_seqs: int, val_seqs: int
+) -> list[DemoRecord]:
     out = Path(out_dir)
     shards = _task_shards(out / "data", train_seqs, val_seqs)
     records = []
@@ -103,11 +105,11 @@ def run_demo(out_dir: str, overrides: list[str], train_seqs: int, val_seqs: int)
         accuracy = train(cfg)["val_accuracy"]
         seconds = time.perf_counter() - start
         step, peak, plain = _step_cost(cfg, len(CLASSES))
-        records.append(Record(name, accuracy, accuracy, step, peak, plain, seconds))
+        records.append(DemoRecord(name, accuracy, accuracy, step, peak, plain, seconds))
     return records
 
 
-def table(records: list[Record], val: int) -> str:
+def table(records: list[DemoRecord], val: int) -> str:
     lines = [
         f"recall a cue 200+ frames back: {val} validation sequences of {LENGTH} frames, "
         f"chance {1 / len(CLASSES):.2f} on the memory frames",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from distseq.checkpoint.export import load_checkpoint_model
+from distseq.checkpoint.export import load_checkpointed
 from distseq.data.format import find_manifest, load_manifest
 from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
@@ -72,7 +72,7 @@ def make_report(run: Path, out: Path, split: str = "") -> list[Path]:
     if not any("peak_memory_bytes" in r for r in records):
         notes.append("Peak device memory is recorded on GPUs; this run had none.")
 
-    loaded = load_checkpoint_model(run)
+    loaded = load_checkpointed(run)
     cfg = loaded.config.data
     classes = loaded.classes
     if split or cfg.val:

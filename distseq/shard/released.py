@@ -61,7 +61,7 @@ class Video:
     """One bundle entry, checked: where its features are, their size, and its class ids."""
 
     key: str  # the sample key: the video's name, made safe (no dots)
-    features: Path
+    features_file: Path
     shape: tuple[int, int]  # (features, frames) as stored
     labels: list[int]
 
@@ -69,7 +69,7 @@ class Video:
 @dataclass(frozen=True)
 class Release:
     classes: list[str]
-    features: int  # the feature size, the same for every video
+    feature_dim: int  # the feature size, the same for every video
     shards: dict[str, tuple[str, list[Video]]]  # by shard name: its split and videos
 
 
@@ -117,10 +117,10 @@ def read_release(root: Path, fold: int, videos_per_shard: int) -> Release:
                 raise DataError(f"{path}: {stem} and {keys[key]} make the same key {key}")
             video = _check_video(root, stem, key, ids, path)
             if size is None:
-                size = (video.features, video.shape[0])
+                size = (video.features_file, video.shape[0])
             elif video.shape[0] != size[1]:
                 raise DataError(
-                    f"{video.features}: {video.shape[0]} features a frame, but {size[0]} has "
+                    f"{video.features_file}: {video.shape[0]} features a frame, but {size[0]} has "
                     f"{size[1]}: one feature size for every video"
                 )
             videos.append(video)
@@ -179,7 +179,7 @@ def _plan(release: Release, fold: int, videos_per_shard: int) -> dict[str, Any]:
         "fold": fold,
         "videos_per_shard": videos_per_shard,
         "classes": release.classes,
-        "features": release.features,
+        "features": release.feature_dim,
         "shards": {name: [v.key for v in videos] for name, (_, videos) in release.shards.items()},
     }
 
@@ -235,9 +235,11 @@ def import_release(
                 "it and import again"
             )
         shards[name] = ShardInfo(split, samples, count, labels)
-    manifest = Manifest(release.classes, shards, features=release.features, path=out / "index.json")
+    manifest = Manifest(
+        release.classes, shards, feature_dim=release.feature_dim, path=out / "index.json"
+    )
     backbone = f"released features: {root.resolve()}, fold {fold}"
-    write_manifest(manifest.path, manifest, features=release.features, backbone=backbone)
+    write_manifest(manifest.path, manifest, features=release.feature_dim, backbone=backbone)
     count = sum(len(v) for _, v in release.shards.values())
     return Imported(count, len(todo), len(release.shards) - len(todo), frames, manifest)
 
@@ -259,14 +261,14 @@ def _write_tar(tmp: Path, videos: list[Video], bar: tqdm) -> int:
     with open(tmp, "wb") as f:
         with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for video in videos:
-                array = np.load(video.features, allow_pickle=False)
+                array = np.load(video.features_file, allow_pickle=False)
                 if array.shape != video.shape:
-                    raise DataError(f"{video.features}: changed while being imported")
+                    raise DataError(f"{video.features_file}: changed while being imported")
                 with np.errstate(over="ignore"):
                     half = np.ascontiguousarray(array.T, dtype=np.float16)  # (frames, features)
                 if not np.isfinite(half).all():
                     raise DataError(
-                        f"{video.features}: holds NaN, inf or values beyond float16's range "
+                        f"{video.features_file}: holds NaN, inf or values beyond float16's range "
                         "(65504), which the feature shards store"
                     )
                 data = io.BytesIO()

@@ -21,9 +21,9 @@ from distseq.checkpoint.sharded import (
     Resumed,
     TrainState,
     latest_checkpoint,
-    load_checkpoint,
     read_rank_state,
     restore_rng,
+    restore_training,
     save_checkpoint,
 )
 from distseq.checkpoint.shared import check_shared
@@ -215,7 +215,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
             )
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
-    resumed = None if latest is None else load_checkpoint(latest, state)
+    resumed = None if latest is None else restore_training(latest, state)
     position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
     saved = RankState() if resumed is None else read_rank_state(resumed)
     return Run(
@@ -250,10 +250,11 @@ def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
             f"config key data.ordered: carries a head's state across windows, and "
             f"model.head.kind={cfg.model.head.kind} carries none (its forward takes no state)"
         )
-    if cfg.data.features and model.feature_dim != manifest.features:
+    if cfg.data.features and model.feature_dim != manifest.feature_dim:
         raise ConfigError(
             f"config key model.backbone.name={cfg.model.backbone.name}: makes "
-            f"{model.feature_dim} features a frame, but {manifest.path} holds {manifest.features}: "
+            f"{model.feature_dim} features a frame, but {manifest.path} holds "
+            f"{manifest.feature_dim}: "
             "name the backbone that made the feature shards"
         )
     return model

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distseq.bench.data import Record
+from distseq.bench.data import DataRecord
 from distseq.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def test_json_records_are_consistent() -> None:
     ]
     per_worker = {r["augment"]: r["fps"] for r in records if r["workers"] == 1}
     for r in records:
-        assert set(r) == {f.name for f in fields(Record)}
+        assert set(r) == {f.name for f in fields(DataRecord)}
         assert (r["size"], r["window"], r["model_fps"]) == (32, 10, 50000)
         # Synthetic sequences are one window long and 40 frames are two whole batches of 2.
         assert r["frames"] == r["plain_frames"] == 40

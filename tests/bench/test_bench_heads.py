@@ -10,7 +10,7 @@ import pytest
 from distseq.bench.heads import HEADS
 from distseq.cli import main
 
-ARGS = ["bench", "heads", "--features", "16", "--num-classes", "4", "--videos", "5"]
+ARGS = ["bench", "heads", "--feature-dim", "16", "--num-classes", "4", "--videos", "5"]
 SMALL = ["--min-frames", "20", "--max-frames", "40", "--size", "32", "--chunk", "4", "--json"]
 
 

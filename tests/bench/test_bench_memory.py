@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from distseq.bench.memory import Record
+from distseq.bench.memory import MemoryRecord
 from distseq.cli import main
 
 ARGS = ["bench", "memory", "--size", "32", "--chunk", "4", "--json"]
@@ -25,7 +25,7 @@ def test_records_are_exact_and_chunking_saves_memory(capsys: pytest.CaptureFixtu
     assert cases == [(t, m) for t in (8, 16) for m in ("none", "torch", "fairscale")]
     by = {(r["frames"], r["recompute"]): r for r in first}
     for r in first:
-        assert set(r) == {f.name for f in fields(Record)}
+        assert set(r) == {f.name for f in fields(MemoryRecord)}
         assert (r["backbone"], r["size"], r["chunk"], r["device"]) == ("resnet18", 32, 4, "cpu")
         assert 0 < r["floor_bytes"] < r["peak_bytes"] and r["step_seconds"] > 0
     for t in (8, 16):

@@ -7,7 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from conftest import run_distseq
-from distseq.demo.three_ways import Record, table
+from distseq.demo.three_ways import DemoRecord, table
 
 
 def test_a_short_demo_gives_all_three_rows(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_a_short_demo_gives_all_three_rows(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["model"] for r in rows] == ["per_frame", "tbptt64", "exact"]
     for r in rows:
-        assert set(r) == {f.name for f in fields(Record)}
+        assert set(r) == {f.name for f in fields(DemoRecord)}
         assert 0 <= r["memory_accuracy"] == r["accuracy"] <= 1  # all labelled frames need memory
         assert r["step_seconds"] > 0 and r["train_seconds"] > 0
         # Chunks of 64 out of 512 frames: checkpointing keeps far less than plain autograd.
@@ -29,6 +29,6 @@ def test_a_short_demo_gives_all_three_rows(tmp_path: Path) -> None:
     report = run_distseq("report", str(tmp_path / "demo" / "exact"), cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
     assert len(list((tmp_path / "demo" / "exact" / "report" / "ribbons").glob("*.png"))) == 8
-    text = table([Record(**r) for r in rows], 8)
+    text = table([DemoRecord(**r) for r in rows], 8)
     assert text.splitlines()[0].startswith("recall a cue 200+ frames back: 8 validation sequences")
     assert [line.split()[0] for line in text.splitlines()[2:]] == ["per_frame", "tbptt64", "exact"]

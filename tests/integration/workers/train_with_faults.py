@@ -68,7 +68,7 @@ if mode == "record":
     distseq.train.loop.save_checkpoint = save_and_predict  # type: ignore[assignment]
 
 elif mode == "record_load":
-    load = distseq.train.loop.load_checkpoint
+    load = distseq.train.loop.restore_training
 
     def load_and_keep(path: Path, state: Any) -> Any:
         resumed = load(path, state)
@@ -78,7 +78,7 @@ elif mode == "record_load":
         torch.save(loaded, Path(cfg.train.out_dir) / f"loaded_{rank}.pt")
         return resumed
 
-    distseq.train.loop.load_checkpoint = load_and_keep
+    distseq.train.loop.restore_training = load_and_keep
 
 elif mode == "record_bn":
     save_bn = distseq.train.loop.save_checkpoint
