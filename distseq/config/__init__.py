@@ -1,5 +1,7 @@
-"""The run configuration: its schema (config.schema), loading a YAML file and overrides onto it
-(config.load), and what each key means (config.keys)."""
+"""config: the run configuration. ``schema`` (the keys as typed dataclasses, their defaults and
+every check), ``load`` (a YAML file and ``key=value`` overrides onto it, renamed keys, absolute
+paths), ``keys`` (what each key means, for ``distseq config --keys`` and the manual);
+``command`` is ``distseq config``."""
 
 from distseq.config.load import (
     RENAMED,

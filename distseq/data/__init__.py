@@ -6,6 +6,8 @@ of videos and frame folders.
 ``val_stream``, run in DataLoader workers by ``loader`` (batches travel in ``sharedmem``
 segments). ``sources`` (video files and frame folders as inputs) and ``video`` (their frames,
 resampled, resized and JPEG-encoded) are what ``distseq shard`` stores and ``distseq predict``
-reads. ``synthetic`` writes the demo's and the tests' shards. Data parallelism reaches this
+reads. ``label_text`` reads the field's label files (per-frame layouts, ``mapping.txt``,
+``.bundle`` lists) and ``datasets`` knows Cholec80's phases and standard splits. ``synthetic``
+writes the demo's and the tests' shards. Data parallelism reaches this
 package only as the (rank, world) arguments of the two streams.
 """
