@@ -6,6 +6,7 @@ them in CI."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -60,3 +61,12 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
         if marker in markdown:
             markdown = markdown.replace(marker, make())
     return markdown
+
+
+# The docstrings cross-reference in Sphinx's roles (:class:`Carry`), which Markdown renders as
+# the role's name before a code span: the page shows the code span alone.
+SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|mod):(?=<code>)")
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    return SPHINX_ROLE.sub("", html)
