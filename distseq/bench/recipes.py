@@ -38,6 +38,7 @@ import matplotlib.pyplot as plt
 
 from distseq.checkpoint.export import load_model
 from distseq.config import (
+    NOT_WITH_FEATURES,
     RNNS,
     Config,
     load_config,
@@ -73,19 +74,15 @@ STAGE3 = ["optim.groups=[{prefix: backbone, lr_scale: 0.1}, {prefix: head, lr_sc
 CLOSE = 0.01
 # Head options that only some kinds take: reset for the per-frame CNN, which has no head.
 _KIND_OPTIONS = ("bidirectional", "causal", "stages", "window", "attention_heads", "chrono_frames")
-# Keys of the user's config that the head on features does not take (no frames, no backbone:
-# features are written at the frames' stride, once) and that stage 1 and 2 train without (one
-# learning rate): set back to their defaults there.
+# Keys of the user's config that the head on features does not take (those refused with
+# data.features; features are written at the frames' stride, once, and read whole) and that
+# stages 1 and 2 train without (one learning rate): set back to their defaults there.
 _FEATURE_RESETS = (
-    "data.augment",
+    *NOT_WITH_FEATURES,
     "data.frame_stride",
     "data.length_buckets",
     "data.manifest",
     "data.ordered",
-    "memory.budget",
-    "memory.keep_frames",
-    "memory.offload",
-    "model.compile",
     "optim.groups",
 )
 

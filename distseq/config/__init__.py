@@ -13,6 +13,7 @@ from distseq.config.load import (
 )
 from distseq.config.schema import (
     CLASS_WEIGHTS,
+    NOT_WITH_FEATURES,
     ON_ERROR,
     RNNS,
     STATELESS,
@@ -41,6 +42,7 @@ from distseq.config.schema import (
 
 __all__ = [
     "CLASS_WEIGHTS",
+    "NOT_WITH_FEATURES",
     "ON_ERROR",
     "RENAMED",
     "RNNS",

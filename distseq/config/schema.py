@@ -477,6 +477,25 @@ def init_source(entry: str) -> tuple[str, list[str]]:
     return entry, []
 
 
+# What acts on the backbone or the frames, of which a run on feature shards (data.features) has
+# neither: set to anything but its default there, each is refused.
+NOT_WITH_FEATURES = (
+    "memory.budget",
+    "memory.keep_frames",
+    "memory.offload",
+    "memory.tbptt_frames",
+    "model.compile",
+    "data.augment",
+)
+
+
+def dotted(cfg: object, key: str) -> Any:
+    """The value of a dotted key (``memory.budget``) of a config or one of its sections."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)  # shards and how they are read
@@ -488,17 +507,17 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)  # the run: steps, logs, checkpoints
 
     def __post_init__(self) -> None:
-        if self.data.features:  # no backbone: nothing of it to plan, keep, offload or compile
-            memory = self.memory
-            for key, value, unset in (
-                ("memory.budget", memory.budget, ""),
-                ("memory.keep_frames", memory.keep_frames, 0),
-                ("memory.offload", memory.offload.value, Offload.none.value),
-                ("memory.tbptt_frames", memory.tbptt_frames, 0),
-                ("model.compile", self.model.compile, False),
-                ("data.augment", self.data.augment, AugmentConfig()),
-            ):
-                _check(value == unset, key, value, "does not apply with data.features=true")
+        if self.data.features:
+            default = Config()
+            for key in NOT_WITH_FEATURES:
+                value = dotted(self, key)
+                shown = value.value if isinstance(value, Enum) else value  # 'frames', not <...>
+                _check(
+                    value == dotted(default, key),
+                    key,
+                    shown,
+                    "does not apply with data.features=true",
+                )
         causal = not self.model.head.bidirectional
         _check(
             causal or not self.data.ordered,
