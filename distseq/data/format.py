@@ -214,9 +214,11 @@ def check_kind(manifest: Manifest, features: bool) -> None:
         )
 
 
-def find_manifest(urls: str, manifest: str, key: str) -> Manifest:
+def find_manifest(urls: str, manifest: str, key: str, setting: str = "data.manifest") -> Manifest:
     """Read ``manifest``, or, if empty, ``index.json`` beside the first of the shards ``urls``
-    (config key ``key``, named in errors)."""
+    (config key ``key``, or a command's argument, named in errors; ``setting``: what sets the
+    manifest, named where it is needed)."""
+    named = f"config key {key}" if "." in key else key
     if manifest:
         path = Path(manifest)
     else:
@@ -225,13 +227,15 @@ def find_manifest(urls: str, manifest: str, key: str) -> Manifest:
         if folder is None or not folder.is_dir():  # else a shard folder (data.tar.expand)
             first = local_path(expand(part, key)[0])
             if first is None:
-                raise ConfigError(f"config key {key}: remote shards ({urls}) need a manifest path")
+                raise ConfigError(
+                    f"{named}: remote shards ({urls}) need a manifest path ({setting})"
+                )
             folder = first.parent
         path = folder / "index.json"
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise DataError(f"manifest not found: {path} (set data.manifest)") from None
+        raise DataError(f"manifest not found: {path} (set {setting})") from None
     except (OSError, ValueError) as e:
         raise DataError(f"manifest {path}: {first_line(e)}") from None
     return replace(parse_manifest(doc, str(path)), path=path)

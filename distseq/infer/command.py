@@ -53,6 +53,11 @@ def _model_over_videos(
     p.add_argument("model", help="exported .pt (safe to share), run directory or checkpoint")
     p.add_argument("inputs", nargs=inputs, help="video files, frame folders, folders, or shards")
     p.add_argument("--out", required=True, type=Path, help="folder for one file per video")
+    p.add_argument(
+        "--manifest",
+        default="",
+        help="index.json of the shard inputs (remote shards need it); default: beside them",
+    )
     p.add_argument("--fps", type=float, default=None, help="frames/s; default: training index.json")
     p.add_argument("--folder-fps", type=float, default=None, help="of frame folders (= --fps)")
     p.add_argument("--size", type=int, default=0, help="stored square size; default: as trained")
@@ -77,7 +82,9 @@ def run_predict(args: argparse.Namespace) -> None:
     loaded, how, chunk = _model_and_frames(args)
     info = init_distributed()
     try:
-        total = predict_videos(loaded, args.inputs, how, chunk, args.out, args.ribbon, info)
+        total = predict_videos(
+            loaded, args.inputs, how, chunk, args.out, args.ribbon, info, args.manifest
+        )
     finally:
         close_distributed()
     if info.is_main:
@@ -88,13 +95,17 @@ def run_features(args: argparse.Namespace) -> None:
     named = None
     if args.backbone:  # no MODEL: the first positional is an input too
         args.inputs = [args.model, *args.inputs]
-        named = named_backbone(args.backbone, args.weights, args.norm, args.inputs, args.size)
+        named = named_backbone(
+            args.backbone, args.weights, args.norm, args.inputs, args.size, args.manifest
+        )
     elif not args.inputs:
         raise ConfigError("distseq features: give the inputs after MODEL (or --backbone NAME)")
     loaded, how, chunk = _model_and_frames(args, named)
     info = init_distributed()
     try:
-        done = write_features(loaded, args.inputs, how, chunk, args.out, info, args.format)
+        done = write_features(
+            loaded, args.inputs, how, chunk, args.out, info, args.format, args.manifest
+        )
     finally:
         close_distributed()
     if info.is_main:

@@ -79,19 +79,24 @@ class _Backbone:
         return torch.cat(parts) if parts else torch.zeros((0, self.model.feature_dim or 0))
 
 
-def named_backbone(name: str, weights: str, norm: str, inputs: list[str], size: int) -> Loaded:
+def named_backbone(
+    name: str, weights: str, norm: str, inputs: list[str], size: int, manifest: str = ""
+) -> Loaded:
     """A torchvision backbone by name and weights, with no trained run (``--backbone``), as a
     model whose features ``write_features`` writes, at ``size`` px (0: the size the first shards'
     index.json records, else 224). Its classes are the first shards' (their labels go into the
-    feature shards); with no shards (``--format npy`` over videos) they are not used."""
+    feature shards); with no shards (``--format npy`` over videos) they are not used.
+    ``manifest``: the shards' index.json (default: beside them)."""
     if not weights:
         raise ConfigError(
             f"--backbone {name}: needs --weights (a torchvision entry such as IMAGENET1K_V2, or "
             "a file): the features of random weights mean nothing"
         )
-    manifest = next((find_manifest(i, "", "INPUT") for i in inputs if is_shards(i)), None)
-    classes = manifest.classes if manifest is not None else ["unused"]
-    size = size or (manifest.size if manifest is not None and manifest.size else 224)
+    found = next(
+        (find_manifest(i, manifest, "INPUT", "--manifest") for i in inputs if is_shards(i)), None
+    )
+    classes = found.classes if found is not None else ["unused"]
+    size = size or (found.size if found is not None and found.size else 224)
     backbone = BackboneConfig(name, weights, Norm(norm))
     cfg = Config(data=DataConfig(size=size), model=ModelConfig(backbone=backbone))
     return Loaded(build_model(cfg.model, len(classes)).eval(), cfg, classes, 0)
@@ -105,14 +110,16 @@ def write_features(
     out: Path,
     info: DistInfo,
     form: str = "shards",
+    manifest: str = "",
 ) -> Extracted:
-    """This rank's share of ``inputs``' features in ``out``, as ``form`` (one of FORMATS)."""
+    """This rank's share of ``inputs``' features in ``out``, as ``form`` (one of FORMATS);
+    ``manifest``: the index.json of the shards among the inputs (default: beside them)."""
     out.mkdir(parents=True, exist_ok=True)
     backbone = _Backbone(loaded.over_frames(), chunk, info.device)
     if form == "npy":
-        counts = _write_npy(loaded, inputs, how, backbone, out, info)
+        counts = _write_npy(loaded, inputs, how, backbone, out, info, manifest)
     elif form == "shards":
-        sources = _sources(loaded, inputs)
+        sources = _sources(loaded, inputs, manifest)
         counts = _write_shards(loaded, list(sources), backbone, out, info)
     else:
         raise ConfigError(f"--format {form!r}: one of {', '.join(FORMATS)}")
@@ -129,11 +136,12 @@ def _write_npy(
     backbone: _Backbone,
     out: Path,
     info: DistInfo,
+    manifest: str,
 ) -> list[float]:
     """One ``<video>.npy`` per video, every world-th video; [done, skipped, frames]."""
     done = skipped = frames = 0
     bar = tqdm(unit="video", disable=not info.is_main, desc="features")
-    for i, (name, video) in enumerate(videos(inputs, loaded, how)):
+    for i, (name, video) in enumerate(videos(inputs, loaded, how, manifest)):
         if i % info.world != info.rank:
             continue
         path = out / f"{name}.npy"
@@ -152,7 +160,7 @@ def _write_npy(
     return [float(done), float(skipped), float(frames)]
 
 
-def _sources(loaded: Loaded, inputs: list[str]) -> dict[str, Manifest]:
+def _sources(loaded: Loaded, inputs: list[str], manifest_path: str) -> dict[str, Manifest]:
     """Each input shard's URL and its manifest, checked before any work: the feature shards
     take their splits and labels from them."""
     sources = {}
@@ -162,7 +170,7 @@ def _sources(loaded: Loaded, inputs: list[str]) -> dict[str, Manifest]:
                 f"{item}: --format shards reads shards (their labels and splits go into the "
                 "feature shards); use --format npy for videos and frame folders"
             )
-        manifest = find_manifest(item, "", "INPUT")
+        manifest = find_manifest(item, manifest_path, "INPUT", "--manifest")
         if manifest.classes != loaded.classes:
             raise ConfigError(
                 f"{item}: its classes {manifest.classes} are not the model's {loaded.classes}"

@@ -138,10 +138,10 @@ def frames_of(video: ShardVideo, size: int) -> Iterator[torch.Tensor]:
     return _frames(iter(video.jpegs), video.where, size, 1)
 
 
-def _check_classes(shards: str, loaded: Loaded) -> None:
+def _check_classes(shards: str, loaded: Loaded, manifest_path: str) -> None:
     """Shards labelled with other classes than the model's: a label would be read as another."""
     try:
-        manifest = find_manifest(shards, "", "INPUT")
+        manifest = find_manifest(shards, manifest_path, "INPUT", "--manifest")
     except DataError:  # no index.json beside them: their labels are only range-checked
         return
     if manifest.classes != loaded.classes:
@@ -150,12 +150,15 @@ def _check_classes(shards: str, loaded: Loaded) -> None:
         )
 
 
-def videos(inputs: list[str], loaded: Loaded, how: FrameRecipe) -> Iterator[Video]:
-    """Every video of ``inputs``, lazily, in order."""
+def videos(
+    inputs: list[str], loaded: Loaded, how: FrameRecipe, manifest: str = ""
+) -> Iterator[Video]:
+    """Every video of ``inputs``, lazily, in order; ``manifest``: the index.json of the shards
+    among them (default: beside them)."""
     data = loaded.config.data
     for item in inputs:
         if is_shards(item):
-            _check_classes(item, loaded)
+            _check_classes(item, loaded, manifest)
             for url in expand(item, "INPUT"):
                 for sample in read_shard(url):
                     video = check_sample(sample, len(loaded.classes), data.frame_stride)
@@ -181,15 +184,17 @@ def predict_videos(
     out: Path,
     ribbons: bool,
     info: DistInfo,
+    manifest: str = "",
 ) -> int:
     """This rank's share of the videos of ``inputs`` (every world-th), one CSV each in ``out``
-    (``ribbons``: and a PNG); returns how many videos all ranks predicted."""
+    (``ribbons``: and a PNG); returns how many videos all ranks predicted. ``manifest``: the
+    index.json of the shards among the inputs (default: beside them)."""
     out.mkdir(parents=True, exist_ok=True)
     # The frame rate of the rows, for the time column: the made frames, then the stride.
     rate = None if how.fps is None else float(how.fps) / loaded.config.data.frame_stride
     model = loaded.over_frames().to(info.device)
     done = 0
-    for i, (name, frames) in enumerate(videos(inputs, loaded, how)):
+    for i, (name, frames) in enumerate(videos(inputs, loaded, how, manifest)):
         if i % info.world != info.rank:
             continue
         probs = streamed_probabilities(model, frames, chunk, info.device, len(loaded.classes))

@@ -137,6 +137,23 @@ def test_feature_shards_resume_shard_by_shard(shards: Path, tmp_path: Path) -> N
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_remote_shards_take_their_manifest_from_manifest(shards: Path, tmp_path: Path) -> None:
+    # A pipe: URL has no folder to find index.json in: --manifest names it.
+    loaded = untrained(shards, ["phase0", "phase1", "phase2"])
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    write_features(loaded, [f"{shards}/val-000000.tar"], HOW, 4, local, ONE)
+    piped = [f"pipe:cat {shards}/val-000000.tar"]
+    with pytest.raises(ConfigError, match=r"remote shards .* need a manifest path \(--manifest\)"):
+        write_features(loaded, piped, HOW, 4, remote, ONE)
+    index = str(shards / "index.json")
+    done = write_features(loaded, piped, HOW, 4, remote, ONE, "shards", index)
+    assert done.videos == PER_SHARD
+    assert (remote / "val-000000.tar").read_bytes() == (local / "val-000000.tar").read_bytes()
+    assert json.loads((remote / "index.json").read_text()) == json.loads(
+        (local / "index.json").read_text()
+    )
+
+
 def test_feature_shards_need_shards_and_a_model_with_a_backbone(
     shards: Path, tmp_path: Path
 ) -> None:
