@@ -22,6 +22,7 @@ last training's final validation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -234,6 +235,12 @@ class SeedRuns:
     def _make(self, name: str, made_with: str, stop: StopSignals) -> Training:
         out = self.root / name
         print(f"== seed {self.seed}: {name} -> {out}", file=sys.stderr, flush=True)
+        # What a training or the features print goes to stderr with the bench's progress, so
+        # that stdout holds the bench's results alone (--json: one record a line, pipeable).
+        with contextlib.redirect_stdout(sys.stderr):
+            return self._made(name, out, made_with, stop)
+
+    def _made(self, name: str, out: Path, made_with: str, stop: StopSignals) -> Training:
         if name == "features":
             seconds = _timed(out, lambda: self._features(out))
             made = Training(name, seconds, 0, made_with=made_with)

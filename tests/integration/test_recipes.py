@@ -34,9 +34,10 @@ def bench(shards: list[str], out: Path, *steps: str) -> subprocess.CompletedProc
 
 
 def records(proc: subprocess.CompletedProcess[str]) -> list[dict]:
-    """The bench's JSON records; its progress went to stderr."""
+    """The bench's JSON records: with --json, stdout holds nothing else (every training's
+    progress and metrics went to stderr), so it can be piped."""
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
 def numbers(run: Path) -> str:
