@@ -84,7 +84,7 @@ def test_the_shipped_configs_load(name: str, capsys: pytest.CaptureFixture[str])
 
 
 def test_one_init_from_value_is_a_list_of_one(tmp_path: Path) -> None:
-    # The README writes train.init_from=RUN; it used to fail with OmegaConf's "AnyNode is not a
+    # The manual writes train.init_from=RUN; it used to fail with OmegaConf's "AnyNode is not a
     # ListConfig".
     run, other = tmp_path / "run", tmp_path / "other"
     run.mkdir()

@@ -49,7 +49,8 @@ DOCS: dict[str, str] = {
     ),
     "data.ordered": (
         "stateful mode: each video's consecutive windows go to the same rank, worker and batch "
-        "row in order, and the RNN state is carried across them (see below)"
+        "row in order, and the RNN state is carried across them ([docs/data.md]"
+        "(data.md#long-videos-random-windows-or-ordered-mode))"
     ),
     "data.augment.crop_scale": (
         "random crop of [crop_scale, 1] of the frame area, then resized; 1: no crop"
@@ -86,7 +87,10 @@ DOCS: dict[str, str] = {
         " error names it). The norm policy applies after the weights, so `frozen_bn` keeps "
         "their statistics. Empty: random init"
     ),
-    "model.backbone.norm": "`groupnorm`, `frozen_bn` or `batchnorm` (see below)",
+    "model.backbone.norm": (
+        "`groupnorm`, `frozen_bn` or `batchnorm` ([docs/training.md]"
+        "(training.md#why-the-default-norm-is-not-batchnorm))"
+    ),
     "model.backbone.args": (
         "keyword arguments of an import path's factory or of `timm.create_model`"
     ),
@@ -144,7 +148,8 @@ DOCS: dict[str, str] = {
         "ResNet-18 at 32 px, but **1.1% off** a float64 reference in layer2 of ResNet-18 "
         "(GroupNorm) at 64 px, where eager mode is within 1e-5: check `bench compare --compile "
         "inductor`'s `exact` column on your device before training with it. On this CPU "
-        "compiled steps were slower than eager (below)"
+        "compiled steps were slower than eager ([docs/benchmarks.md]"
+        "(benchmarks.md#approaches-compared))"
     ),
     "model.compile_backend": (
         "the `torch.compile` backend; `aot_eager` traces without generating code (to check that"
@@ -179,7 +184,8 @@ DOCS: dict[str, str] = {
         "device memory for training, `40GB`, `512MiB`, or `0.5` of the GPU: a probe measures "
         "the run's model on a few frames at `memory.chunk_frames` and the plan sets, for each "
         "T, which chunks are kept whole and which hold their late CNN stages, to recompute as "
-        "little as fits (see below); the plan is chosen once, at the run's start, and recorded "
+        "little as fits ([docs/training.md](training.md#fitting-a-memory-budget)); the plan "
+        "is chosen once, at the run's start, and recorded "
         "in `plan.json` for every resume; a budget that cannot hold `data.window` frames even "
         "at the smallest chunk is refused before training, with the largest window that fits. "
         "Needs `memory.recompute=torch` to hold stages (with `fairscale` it keeps whole chunks "

@@ -143,6 +143,8 @@ def _check_classes(shards: str, loaded: Loaded, manifest_path: str) -> None:
     try:
         manifest = find_manifest(shards, manifest_path, "INPUT", "--manifest")
     except DataError:  # no index.json beside them: their labels are only range-checked
+        if manifest_path:  # but one named and not there is a mistake
+            raise
         return
     if manifest.classes != loaded.classes:
         raise ConfigError(

@@ -1,6 +1,6 @@
 """Multi-node runs on the test bed of hosts (``.ci/hosts.sh``: network namespaces, each its own
 hostname and address, joined by a bridge): torchrun's c10d rendezvous across hosts, launched as
-the README says, gives the parameters of the same ranks on one host."""
+docs/launching.md says, gives the parameters of the same ranks on one host."""
 
 from __future__ import annotations
 
@@ -65,14 +65,15 @@ def start_on_hosts(
     launcher: tuple[str, ...] = (),
     wrap: dict[int, list[str]] | None = None,
 ) -> list[subprocess.Popen[str]]:
-    """``torchrun ... -m distseq ARGS`` started on ``hosts`` at once, as the README's multi-node
-    recipe has it: c10d rendezvous at host 1 (``rdzv``: endpoint and id; default a fresh one),
-    gloo told its interface, an unshared store for restarts; ``wrap[k]`` goes before host k's
-    command. Each host's processes are a session of their own, led by its torchrun agent."""
+    """``torchrun ... -m distseq ARGS`` started on ``hosts`` at once, as the multi-node recipe of
+    docs/launching.md has it: c10d rendezvous at host 1 (``rdzv``: endpoint and id; default a
+    fresh one), gloo told its interface, an unshared store for restarts; ``wrap[k]`` goes before
+    host k's command. Each host's processes are a session of their own, led by its torchrun
+    agent."""
     endpoint, run_id = rdzv or rendezvous()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env["GLOO_SOCKET_IFNAME"] = "eth0"
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as the README's restart recipe
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as docs/launching.md's restart recipe
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}"]
     torchrun += [f"--nproc_per_node={nproc}", "--rdzv_backend=c10d", *launcher]
     torchrun += [f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}"]

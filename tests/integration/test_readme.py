@@ -1,6 +1,7 @@
 """The README's quick start on one's own videos, run as written: its three commands (and the ones
-that look at the result), read out of README.md, on real video clips, with only sizes and step
-counts made small by arguments appended after the README's own."""
+that look at the result), read out of README.md, on real video clips, made small by arguments
+appended after the README's own (sizes, step counts, and random weights in place of ImageNet's,
+which cannot be downloaded here)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ SMALLER = {
         "data.num_workers=0",
         "memory.chunk_frames=4",
         "model.head.hidden=16",
-        "parallel.mode=none",
         "train.steps=2",
         "train.eval_every=0",
         "train.save_every=0",

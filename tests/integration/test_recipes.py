@@ -71,7 +71,7 @@ def test_every_recipe_equals_its_train_run_and_a_rerun_trains_only_what_is_missi
     seed1 = out / "seed-1"
     base = [DEMO, *shards, *SMALL, "train.seed=1", "train.steps=2", "train.eval_every=1"]
     init = f"train.init_from=[{seed1 / 'frames'}:backbone,{seed1 / 'head'}]"
-    # Stage 2 as the README's three commands run it: distseq features, then the head on them.
+    # Stage 2 as docs/training.md's three commands run it: distseq features, then the head on them.
     features = tmp_path / "features"
     inputs = [url.split("=", 1)[1] for url in shards]
     proc = run_distseq(
