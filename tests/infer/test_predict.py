@@ -12,13 +12,14 @@ import pytest
 import torch
 from torchcodec.decoders import decode_png
 
-from conftest import random_batch, tiny_model
+from conftest import random_batch, tiny_model, untrained
 from distseq.checkpoint.export import Loaded
 from distseq.checkpoint.sharded import FORMAT
 from distseq.cli import main
 from distseq.config import load_config, to_dict
 from distseq.data.decode import check_sample, decode
 from distseq.data.tar import read_shard
+from distseq.errors import DataError
 from distseq.infer.predict import frame_recipe, streamed_probabilities, videos
 from distseq.memory.measure import peak_memory
 from distseq.model.head import last_stage
@@ -160,3 +161,15 @@ def test_a_training_index_without_a_frame_rate_is_said_as_such(
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "--fps needed: the model's training index.json records no frame rate" in err
+
+
+def test_a_manifest_named_and_missing_is_refused_not_skipped(shards: Path, tmp_path: Path) -> None:
+    # Without --manifest the index.json beside the shards checks their classes (and shards with
+    # none are predicted on unchecked); a --manifest that names no file is a mistake to say, not
+    # a check to skip.
+    loaded = untrained(shards, ["phase0", "phase1", "phase2"])
+    how = frame_recipe(loaded)
+    inputs = [f"{shards}/val-000000.tar"]
+    assert next(videos(inputs, loaded, how))[0]
+    with pytest.raises(DataError, match=r"manifest not found: .*typo\.json \(set --manifest\)"):
+        next(videos(inputs, loaded, how, str(tmp_path / "typo.json")))
