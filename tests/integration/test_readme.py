@@ -66,7 +66,7 @@ def test_the_readme_takes_your_videos_to_a_scored_model(tmp_path: Path) -> None:
         )
     (tmp_path / "configs").symlink_to(REPO / "configs")
 
-    commands = readme_block("Then three commands:")
+    commands = readme_block("Then three commands")
     assert [c[:2] for c in commands] == [
         ["distseq", "shard"],
         ["distseq", "train"],
