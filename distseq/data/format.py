@@ -105,9 +105,8 @@ class Manifest:
     fps: float | None = None
     size: int | None = None
     quality: int | None = None
-    feature_dim: int | None = (
-        None  # feature shards: the feature size (index.json's "features"); None: frame shards
-    )
+    # Feature shards: the feature size (index.json's "features"); None: frame shards.
+    feature_dim: int | None = None
     path: Path = Path("index.json")  # where it was read from or is written to
 
     @property
