@@ -19,7 +19,7 @@ def test_the_dry_run_measures_every_line(
     assert main(["bench", "gpu", "--dry-run", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     table = (tmp_path / "gpu.md").read_text()
-    assert table.strip() in out and "mobilenet_v3_small + LSTM, 32 px, T=96" in table
+    assert table.strip() in out and "tiny_cnn + LSTM, 64 px, T=64" in table
     record = json.loads((tmp_path / "gpu.json").read_text())
     lines = {line["quantity"]: line for line in record["lines"]}
     assert list(lines) == [
