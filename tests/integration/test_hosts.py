@@ -146,6 +146,11 @@ def parameters(run: Path) -> dict[str, torch.Tensor]:
     return load_model(run).model.state_dict()
 
 
+def assert_bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
 def test_the_bed_is_hosts_that_reach_each_other(bed: None) -> None:
     # Host 2 is called ds-h2, resolves ds-h3 to its own address, and reaches it over TCP.
     server = subprocess.Popen(
@@ -192,9 +197,7 @@ def test_a_multi_node_run_equals_one_host(
     assert one.returncode == 0, one.stderr[-3000:]
     assert " nodes, store" not in one.stdout  # one node: nothing to say
     # gloo reduces in rank order wherever the ranks run: bit-identical.
-    a, b = parameters(tmp_path / "hosts"), parameters(tmp_path / "one")
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert_bit_equal(parameters(tmp_path / "hosts"), parameters(tmp_path / "one"))
 
 
 def test_an_output_folder_that_is_not_shared_is_refused_before_the_first_step(
@@ -217,11 +220,26 @@ def test_an_output_folder_that_is_not_shared_is_refused_before_the_first_step(
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]  # no checkpoint, no token
 
 
+# The faults' runs: long enough to be stopped at step 3 and resumed from a checkpoint.
+FAULTED = ["train.steps=12", "train.save_every=2", "parallel.timeout_s=20"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory, shards: Path) -> dict[str, torch.Tensor]:
+    """The parameters of the faults' run on 2 ranks of one host, never stopped: made once for the
+    tests below (a torchrun run of 25-40 s each)."""
+    tmp = tmp_path_factory.mktemp("straight")
+    run = ["train", str(tiny_config(tmp, shards)), *FAULTED, f"train.out_dir={tmp / 'one'}"]
+    one = run_distseq(*run, cwd=tmp, torchrun=2)
+    assert one.returncode == 0, one.stderr[-3000:]
+    return parameters(tmp / "one")
+
+
 def test_a_lost_link_stops_the_run_in_one_line_and_it_resumes_bit_exact(
-    bed: None, tmp_path: Path, shards: Path
+    bed: None, tmp_path: Path, shards: Path, straight: dict[str, torch.Tensor]
 ) -> None:
     config = str(tiny_config(tmp_path, shards))
-    run = ["train", config, "train.steps=12", "train.save_every=2", "parallel.timeout_s=20"]
+    run = ["train", config, *FAULTED]
     out = tmp_path / "hosts"
     procs = start_on_hosts([1, 2], 2, 1, tmp_path, *run, f"train.out_dir={out}")
     wait_for_step(out, 3, procs[0])
@@ -247,18 +265,14 @@ def test_a_lost_link_stops_the_run_in_one_line_and_it_resumes_bit_exact(
     again = on_hosts(2, 1, tmp_path, *run, f"train.out_dir={out}")
     for k, proc in enumerate(again, 1):
         assert proc.returncode == 0, f"host {k}:\n{proc.stderr[-3000:]}"
-    straight = run_distseq(*run, f"train.out_dir={tmp_path / 'one'}", cwd=tmp_path, torchrun=2)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    a, b = parameters(out), parameters(tmp_path / "one")
-    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert_bit_equal(parameters(out), straight)
 
 
 def test_a_killed_agent_leaves_no_orphan_and_the_group_re_forms_bit_exact(
-    bed: None, tmp_path: Path, shards: Path
+    bed: None, tmp_path: Path, shards: Path, straight: dict[str, torch.Tensor]
 ) -> None:
     config = str(tiny_config(tmp_path, shards))
-    run = ["train", config, "train.steps=12", "train.save_every=2", "parallel.timeout_s=20"]
-    run += [f"train.out_dir={tmp_path / 'hosts'}"]
+    run = ["train", config, *FAULTED, f"train.out_dir={tmp_path / 'hosts'}"]
     rdzv = rendezvous()
     restarts = ("--max-restarts=1",)
     first, second = start_on_hosts([1, 2], 2, 1, tmp_path, *run, rdzv=rdzv, launcher=restarts)
@@ -280,11 +294,7 @@ def test_a_killed_agent_leaves_no_orphan_and_the_group_re_forms_bit_exact(
     assert "distseq: resuming from" in results[0].stdout + results[0].stderr
     lost = [line for line in results[0].stderr.splitlines() if "distseq: error" in line]
     assert len(lost) == 1 and "a collective failed after step" in lost[0], results[0].stderr[-3000:]
-    one = tmp_path / "one"
-    straight = run_distseq(*run[:-1], f"train.out_dir={one}", cwd=tmp_path, torchrun=2)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    a, b = parameters(tmp_path / "hosts"), parameters(one)
-    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert_bit_equal(parameters(tmp_path / "hosts"), straight)
 
 
 DELAY_MS = 20
