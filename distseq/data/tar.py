@@ -28,11 +28,15 @@ if TYPE_CHECKING:
     from typing import Self
 
 
+EVERY_SPLIT = "*"  # of a shard folder: every shard its index.json lists, as predict reads it
+
+
 def expand(urls: str, key: str, split: str = "") -> list[str]:
     """The shard URLs that ``urls`` (config key or option ``key``, named in errors) gives, in
     order; several ``::``-joined, each a brace pattern (``shards/train-{000000..000099}.tar``,
     as webdataset expands it), a glob of local files (``shards/train-*.tar``, in name order), or
-    a shard folder, whose ``index.json`` says which of its shards are ``split``'s."""
+    a shard folder, whose ``index.json`` says which of its shards are ``split``'s (all of them
+    for :data:`EVERY_SPLIT`)."""
     expanded: list[str] = []
     for part in urls.split("::") if urls else []:
         if not part:
@@ -71,11 +75,17 @@ def _folder(folder: Path, key: str, split: str) -> list[str]:
             f"config key {key}: {folder} is a folder, and its index.json, which says which "
             f"shards are {split}'s, is unreadable ({first_line(e)})"
         ) from None
-    mine = sorted(name for name, of in splits.items() if of == split)
+    mine = sorted(name for name, of in splits.items() if split in (of, EVERY_SPLIT))
     if not mine:
         there = ", ".join(sorted(set(splits.values()))) or "none"
         raise ConfigError(f"config key {key}: {index} lists no {split} shard (its splits: {there})")
     return [str(folder / name) for name in mine]
+
+
+def is_shard_folder(text: str) -> bool:
+    """A local folder that ``distseq shard`` wrote: its index.json lists its shards."""
+    path = local_path(text)
+    return path is not None and (path / "index.json").is_file()
 
 
 def local_path(url: str) -> Path | None:

@@ -51,7 +51,11 @@ def _model_over_videos(
     (``predict`` and ``features``); ``inputs``: their nargs."""
     p = sub.add_parser(name, help=what)
     p.add_argument("model", help="exported .pt (safe to share), run directory or checkpoint")
-    p.add_argument("inputs", nargs=inputs, help="video files, frame folders, folders, or shards")
+    p.add_argument(
+        "inputs",
+        nargs=inputs,
+        help="video files, frame folders, folders of them, shards, or a shard folder",
+    )
     p.add_argument("--out", required=True, type=Path, help="folder for one file per video")
     p.add_argument(
         "--manifest",

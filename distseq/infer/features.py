@@ -43,7 +43,7 @@ from distseq.data.format import (
     shard_label_counts,
     write_manifest,
 )
-from distseq.data.tar import add_member, expand, read_shard, shard_name
+from distseq.data.tar import EVERY_SPLIT, add_member, expand, read_shard, shard_name
 from distseq.errors import ConfigError, DataError
 from distseq.infer.predict import FrameRecipe, chunks, frames_of, is_shards, videos
 from distseq.model.video import VideoModel, build_model
@@ -175,7 +175,7 @@ def _sources(loaded: Loaded, inputs: list[str], manifest_path: str) -> dict[str,
             raise ConfigError(
                 f"{item}: its classes {manifest.classes} are not the model's {loaded.classes}"
             )
-        for url in expand(item, "INPUT"):
+        for url in expand(item, "INPUT", EVERY_SPLIT):
             if shard_name(url) not in manifest.shards:
                 raise DataError(f"shard {url} is not listed in {manifest.path}")
             sources[url] = manifest

@@ -28,7 +28,7 @@ from distseq.data.decode import Video as ShardVideo
 from distseq.data.decode import check_sample, decode
 from distseq.data.format import JPEG_QUALITY, Manifest, find_manifest
 from distseq.data.sources import find_sources
-from distseq.data.tar import expand, read_shard
+from distseq.data.tar import EVERY_SPLIT, expand, is_shard_folder, read_shard
 from distseq.data.video import source_frames
 from distseq.errors import ConfigError, DataError
 from distseq.infer.outputs import write_predictions
@@ -119,7 +119,7 @@ def frame_recipe(
 
 
 def is_shards(text: str) -> bool:
-    return text.endswith(".tar") or "{" in text
+    return text.endswith(".tar") or "{" in text or is_shard_folder(text)
 
 
 Video = tuple[str, Iterator[torch.Tensor]]  # name, uint8 frames [3, S, S] at the model's size
@@ -161,7 +161,7 @@ def videos(
     for item in inputs:
         if is_shards(item):
             _check_classes(item, loaded, manifest)
-            for url in expand(item, "INPUT"):
+            for url in expand(item, "INPUT", EVERY_SPLIT):
                 for sample in read_shard(url):
                     video = check_sample(sample, len(loaded.classes), data.frame_stride)
                     yield video.key, frames_of(video, data.size)

@@ -121,6 +121,12 @@ def test_feature_shards_hold_the_backbone_s_features_and_the_labels(
         assert torch.allclose(stored, whole, rtol=2**-10, atol=1e-4)
         seen += sum(1 for key in by_frames.keys if key)
     assert seen == N_VAL
+    # The folder distseq shard wrote is every shard its index.json lists: the same feature shards.
+    folder = tmp_path / "of_the_folder"
+    write_features(loaded, [str(shards)], HOW, 4, folder, ONE)
+    made = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert sorted(p.name for p in folder.iterdir()) == made
+    assert all((folder / name).read_bytes() == (tmp_path / name).read_bytes() for name in made)
 
 
 def test_feature_shards_resume_shard_by_shard(shards: Path, tmp_path: Path) -> None:

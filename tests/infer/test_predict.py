@@ -124,6 +124,19 @@ def test_the_command_writes_csvs_and_ribbons(
     assert (out / "carphone_pristine.csv").read_text() == (out / "clip.csv").read_text()
 
 
+def test_a_shard_folder_is_every_shard_it_lists(
+    trained: tuple[Path, Loaded], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The folder distseq shard wrote, as data.train takes it: its index.json lists the shards.
+    path, loaded = trained
+    shard = loaded.config.data.train
+    by_shard, by_folder = tmp_path / "by_shard", tmp_path / "by_folder"
+    assert main(["predict", str(path), shard, "--out", str(by_shard)]) == 0
+    assert main(["predict", str(path), str(Path(shard).parent), "--out", str(by_folder)]) == 0
+    assert capsys.readouterr().out.endswith(f"predicted 1 videos into {by_folder}\n")
+    assert (by_folder / "clip.csv").read_text() == (by_shard / "clip.csv").read_text()
+
+
 def test_a_video_without_a_known_frame_rate_is_one_line(
     trained: tuple[Path, Loaded], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
