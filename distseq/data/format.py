@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from distseq.config import DataConfig
-from distseq.data.tar import expand, local_path
+from distseq.data.tar import expand, local_path, named
 from distseq.errors import ConfigError, DataError, first_line
 from distseq.files import write_atomic
 
@@ -217,7 +217,6 @@ def find_manifest(urls: str, manifest: str, key: str, setting: str = "data.manif
     """Read ``manifest``, or, if empty, ``index.json`` beside the first of the shards ``urls``
     (config key ``key``, or a command's argument, named in errors; ``setting``: what sets the
     manifest, named where it is needed)."""
-    named = f"config key {key}" if "." in key else key
     if manifest:
         path = Path(manifest)
     else:
@@ -227,7 +226,7 @@ def find_manifest(urls: str, manifest: str, key: str, setting: str = "data.manif
             first = local_path(expand(part, key)[0])
             if first is None:
                 raise ConfigError(
-                    f"{named}: remote shards ({urls}) need a manifest path ({setting})"
+                    f"{named(key)}: remote shards ({urls}) need a manifest path ({setting})"
                 )
             folder = first.parent
         path = folder / "index.json"

@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     from typing import Self
 
 
-EVERY_SPLIT = "*"  # of a shard folder: every shard its index.json lists, as predict reads it
+# Of a shard folder: every shard its index.json lists, as predict and features read it.
+EVERY_SPLIT = "*"
+
+
+def named(key: str) -> str:
+    """How an error names where shards were given: a config key (``data.train``), else a
+    command's argument or option (``INPUT``, ``--split``)."""
+    return f"config key {key}" if "." in key else key
 
 
 def expand(urls: str, key: str, split: str = "") -> list[str]:
@@ -40,7 +47,7 @@ def expand(urls: str, key: str, split: str = "") -> list[str]:
     expanded: list[str] = []
     for part in urls.split("::") if urls else []:
         if not part:
-            raise ConfigError(f"config key {key}: {urls!r} has an empty part between its ::")
+            raise ConfigError(f"{named(key)}: {urls!r} has an empty part between its ::")
         path = local_path(part)
         if path is not None and path.is_dir():
             expanded += _folder(path, key, split)
@@ -52,10 +59,10 @@ def expand(urls: str, key: str, split: str = "") -> list[str]:
                 continue
             found = sorted(glob.glob(str(path)))
             if not found:
-                raise ConfigError(f"config key {key}: {url} matches no file")
+                raise ConfigError(f"{named(key)}: {url} matches no file")
             expanded += found
     if not expanded:
-        raise ConfigError(f"config key {key}: empty, no shards given")
+        raise ConfigError(f"{named(key)}: empty, no shards given")
     return expanded
 
 
@@ -65,27 +72,36 @@ def _folder(folder: Path, key: str, split: str) -> list[str]:
     index = folder / "index.json"
     if not split:
         raise ConfigError(
-            f"config key {key}: {folder} is a folder: give its shards, e.g. '{folder}/test-*.tar'"
+            f"{named(key)}: {folder} is a folder: give its shards, e.g. '{folder}/test-*.tar'"
         )
+    which = "lists its shards" if split == EVERY_SPLIT else f"says which shards are {split}'s"
     try:
         shards = json.loads(index.read_text())["shards"]
         splits = {name: info["split"] for name, info in shards.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(
-            f"config key {key}: {folder} is a folder, and its index.json, which says which "
-            f"shards are {split}'s, is unreadable ({first_line(e)})"
+            f"{named(key)}: {folder} is a folder, and its index.json, which {which}, is "
+            f"unreadable ({first_line(e)}): not a folder that distseq shard wrote?"
         ) from None
     mine = sorted(name for name, of in splits.items() if split in (of, EVERY_SPLIT))
     if not mine:
         there = ", ".join(sorted(set(splits.values()))) or "none"
-        raise ConfigError(f"config key {key}: {index} lists no {split} shard (its splits: {there})")
+        wanted = "" if split == EVERY_SPLIT else f" {split}"
+        raise ConfigError(f"{named(key)}: {index} lists no{wanted} shard (its splits: {there})")
     return [str(folder / name) for name in mine]
 
 
 def is_shard_folder(text: str) -> bool:
-    """A local folder that ``distseq shard`` wrote: its index.json lists its shards."""
+    """A local folder that ``distseq shard`` (or ``features``) wrote: its index.json is an object
+    that lists shards; a folder of videos with an index.json of its own is not one."""
     path = local_path(text)
-    return path is not None and (path / "index.json").is_file()
+    if path is None or not (path / "index.json").is_file():
+        return False
+    try:
+        doc = json.loads((path / "index.json").read_text())
+    except (OSError, ValueError):  # said where it is read as the shards' manifest
+        return True
+    return isinstance(doc, dict) and isinstance(doc.get("shards"), dict)
 
 
 def local_path(url: str) -> Path | None:

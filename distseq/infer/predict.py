@@ -119,7 +119,9 @@ def frame_recipe(
 
 
 def is_shards(text: str) -> bool:
-    return text.endswith(".tar") or "{" in text or is_shard_folder(text)
+    """Shards, not videos: a shard, a pattern or a shard folder, or a ``::`` list with one."""
+    parts = text.split("::")
+    return any(p.endswith(".tar") or "{" in p or is_shard_folder(p) for p in parts)
 
 
 Video = tuple[str, Iterator[torch.Tensor]]  # name, uint8 frames [3, S, S] at the model's size

@@ -18,7 +18,7 @@ import pytest
 
 from distseq.config import DataConfig
 from distseq.data.format import find_manifest
-from distseq.data.tar import expand
+from distseq.data.tar import EVERY_SPLIT, expand, is_shard_folder
 from distseq.data.train_stream import train_batches
 from distseq.errors import ConfigError, DataError
 
@@ -136,6 +136,10 @@ def test_a_folder_or_a_glob_gives_the_pattern_s_shards(shards: Path) -> None:
     # A folder: its index.json says which of its shards are of the split asked for.
     assert expand(str(shards), "data.train", "train") == names
     assert expand(str(shards), "data.val", "val") == [f"{shards}/val-00000{i}.tar" for i in (0, 1)]
+    # Every split, as predict and features read a folder: every shard it lists, in name order.
+    assert expand(str(shards), "INPUT", EVERY_SPLIT) == sorted(str(p) for p in shards.glob("*.tar"))
+    assert len(expand(str(shards), "INPUT", EVERY_SPLIT)) == 6
+    assert is_shard_folder(str(shards)) and not is_shard_folder(f"{shards}/train-000000.tar")
     assert _take(_cfg(str(shards))) == _take(_cfg(str(shards / PATTERN)))
 
 
@@ -144,9 +148,10 @@ def test_a_folder_or_a_glob_gives_the_pattern_s_shards(shards: Path) -> None:
     [
         ("{shards}", "test", "{shards}/index.json lists no test shard (its splits: train, val)"),
         ("{shards}", "", "INPUT: {shards} is a folder: give its shards, e.g. '{shards}/test-*"),
-        ("{shards}/test-*.tar", "test", "config key INPUT: {shards}/test-*.tar matches no file"),
-        ("{shards}::", "train", "config key INPUT: '{shards}::' has an empty part between its"),
+        ("{shards}/test-*.tar", "test", "INPUT: {shards}/test-*.tar matches no file"),
+        ("{shards}::", "train", "INPUT: '{shards}::' has an empty part between its"),
         ("{empty}", "train", "{empty} is a folder, and its index.json, which says which shards"),
+        ("{empty}", EVERY_SPLIT, "{empty} is a folder, and its index.json, which lists its shards"),
     ],
 )
 def test_a_folder_or_glob_without_shards_is_refused_in_one_line(
@@ -155,4 +160,14 @@ def test_a_folder_or_glob_without_shards_is_refused_in_one_line(
     where = {"shards": shards, "empty": tmp_path}
     with pytest.raises(ConfigError) as info:
         expand(urls.format(**where), "INPUT", split)
-    assert message.format(**where) in str(info.value) and "\n" not in str(info.value)
+    said = str(info.value)
+    assert message.format(**where) in said and "\n" not in said
+    assert "config key" not in said  # INPUT is a command's argument
+
+
+def test_a_folder_whose_index_json_lists_no_shards_is_not_a_shard_folder(tmp_path: Path) -> None:
+    # A folder of videos may hold an index.json of its own: predict reads it as videos.
+    (tmp_path / "index.json").write_text('{"videos": ["a.mp4"]}')
+    assert not is_shard_folder(str(tmp_path))
+    (tmp_path / "index.json").write_text('{"format": 1, "shards": {}}')
+    assert is_shard_folder(str(tmp_path)) and not is_shard_folder(f"pipe:cat {tmp_path}")

@@ -20,7 +20,7 @@ from distseq.config import load_config, to_dict
 from distseq.data.decode import check_sample, decode
 from distseq.data.tar import read_shard
 from distseq.errors import DataError
-from distseq.infer.predict import frame_recipe, streamed_probabilities, videos
+from distseq.infer.predict import frame_recipe, is_shards, streamed_probabilities, videos
 from distseq.memory.measure import peak_memory
 from distseq.model.head import last_stage
 from distseq.model.video import build_model
@@ -122,6 +122,15 @@ def test_the_command_writes_csvs_and_ribbons(
         assert image.shape[1:] == (150, 1000) and image.float().std() > 20  # drawn, not blank
     # The same frames make the same predictions, whether from the video or from its shard.
     assert (out / "carphone_pristine.csv").read_text() == (out / "clip.csv").read_text()
+
+
+def test_shards_are_told_from_videos(shards: Path, tmp_path: Path) -> None:
+    # Each part of a :: list counts: a folder of shards first, a pattern after it.
+    for given in (str(shards), f"{shards}/val-000000.tar", f"{shards}::{shards}/val-*.tar"):
+        assert is_shards(given), given
+    assert is_shards(f"{shards}/train-*.tar::{shards}")
+    for given in (str(tmp_path), str(CLIP), f"{tmp_path}::{CLIP}"):  # no index.json: videos
+        assert not is_shards(given), given
 
 
 def test_a_shard_folder_is_every_shard_it_lists(

@@ -17,7 +17,7 @@ from distseq.train.loop import train
 
 ON_FEATURES = ["50salads-mstcn", "breakfast-mstcn", "gtea-mstcn"]
 END_TO_END = ["cholec-resnet50-lstm", "cholec-resnet50-tecno", "cholec-resnet50-transformer"]
-# The quick start's config is run by the README's own test, word for word as the README says.
+# The quick start's config is run by the README's own test, as the README says, at a tiny size.
 RUN_BY_THE_README = ["quickstart"]
 FEW = ["train.steps=2", "train.log_every=1", "data.num_workers=0", "parallel.mode=none"]
 
