@@ -67,7 +67,12 @@ def add_parser(sub: Subparsers) -> None:
         default=None,
         help="Cholec80's is 10; default: off (the script protocol: 10)",
     )
-    p.add_argument("--fps", type=float, default=None, help="frames/s scored; default: index.json")
+    p.add_argument(
+        "--fps",
+        type=float,
+        default=None,
+        help="frames/s of the shards, before data.frame_stride; default: index.json",
+    )
     p.add_argument("--out", default="", help="eval.json and CSVs; default: MODEL's folder / eval")
     p.add_argument("--json", action="store_true", help="print eval.json instead of the table")
     p.add_argument(
