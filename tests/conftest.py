@@ -2,8 +2,10 @@
 
 Tests mirror the package (tests/data for distseq/data, ...). Those that start real processes
 (torchrun, SLURM) live in tests/integration and are marked ``integration``; their torchrun worker
-scripts are the files in tests/integration/workers. ``python -m pytest -m "not integration"`` runs
-the rest in a few minutes.
+scripts are the files in tests/integration/workers. Tests elsewhere that take more than a few
+seconds (a whole bench, the memory probe, a ``distseq`` subprocess) are marked ``slow``, which puts
+them in the integration tier too. ``python -m pytest -m "not integration"`` runs the rest, the
+fast tier, in about two minutes.
 """
 
 from __future__ import annotations
@@ -40,14 +42,22 @@ from distseq.model.video import build_model
 from distseq.parallel import DistInfo
 from streams import write_stream_shards
 
+# Under pytest-xdist (-n 2) each worker takes one core. With torch's default of a thread per core,
+# two workers put four threads on two cores, which wait on each other. The fast tier took 191 s in
+# one process and 121 s as two workers of one thread.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parents[1]
 INTEGRATION = REPO / "tests" / "integration"
 WORKERS = INTEGRATION / "workers"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A slow test is in the integration tier wherever it lives, so that the fast tier
+    # (-m "not integration") stays the few minutes of docs/development.md.
     for item in items:
-        if INTEGRATION in item.path.parents:
+        if INTEGRATION in item.path.parents or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.integration)
 
 

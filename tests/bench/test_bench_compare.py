@@ -16,6 +16,7 @@ from distseq.cli import main
 APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4, "planner_offload"]
 
 
+@pytest.mark.slow
 def test_every_row_and_column(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,6 +68,7 @@ def test_every_row_and_column(
     assert image.shape[1:] == (450, 600) and image[:3].float().std() > 15  # drawn
 
 
+@pytest.mark.slow
 def test_compiled_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # aot_eager: traced and partitioned as inductor would, no code generated (fast); ResNet has
     # no dropout, whose draws inductor makes its own way.

@@ -17,6 +17,7 @@ from distseq.cli import main
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_json_records_are_consistent() -> None:
     cmd = [sys.executable, "-m", "distseq", "bench", "data", "--size", "32", "--window", "10"]
     cmd += ["--count", "40", "--num-workers", "1", "--model-fps", "50000", "--json"]

@@ -14,6 +14,7 @@ ARGS = ["bench", "heads", "--feature-dim", "16", "--num-classes", "4", "--videos
 SMALL = ["--min-frames", "20", "--max-frames", "40", "--size", "32", "--chunk", "4", "--json"]
 
 
+@pytest.mark.slow
 def test_heads_epochs_and_end_to_end_rows(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*ARGS, *SMALL, "--frames", "128", "256", "512", "--end-to-end-frames", "24"]
     assert main(argv) == 0

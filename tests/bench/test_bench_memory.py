@@ -18,6 +18,7 @@ def records(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict[str, ob
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
+@pytest.mark.slow
 def test_records_are_exact_and_chunking_saves_memory(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--frames", "8", "16", "--recompute", "none", "torch", "fairscale"]
     first = records(capsys, *argv)

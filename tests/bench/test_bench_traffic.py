@@ -16,6 +16,7 @@ from distseq.config import Recompute
 pytestmark = pytest.mark.integration  # starts torchrun
 
 
+@pytest.mark.slow
 def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_path: Path) -> None:
     args = ["bench", "traffic", "--json", "--worlds", "1", "2", "--chunks-per-sequence", "1", "2"]
     proc = run_distseq(*args, "--size", "32", "--length", "4", cwd=tmp_path)

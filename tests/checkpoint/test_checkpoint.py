@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +18,9 @@ from distseq.checkpoint.sharded import (
     TrainState,
     latest_checkpoint,
     read_meta,
+    read_rank_state,
+    restore_rng,
+    restore_training,
     save_checkpoint,
 )
 from distseq.cli import main
@@ -44,6 +49,23 @@ def test_every_crash_window_of_a_save_leaves_latest_complete(tmp_path: Path) -> 
     save_checkpoint(root, state, Position(step=3), {}, keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000002", "step_00000003"]
     assert latest_checkpoint(root) == root / "step_00000003"
+
+
+def _draws() -> tuple[float, float, list[float]]:
+    """The next numbers of the three generators a run draws from (dropout, augmentation)."""
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+def test_a_resume_draws_the_random_numbers_the_saved_run_drew_next(tmp_path: Path) -> None:
+    # The fast check of what the torchrun resume tests show bit-exact: every generator's state.
+    state = _state()
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    path = save_checkpoint(tmp_path / "checkpoints", state, Position(step=1), {}, keep_last=1)
+    saved_run_next = _draws()
+    torch.manual_seed(8), random.seed(8), np.random.seed(8)  # the relaunch draws its own
+    resumed = restore_training(path, _state())
+    restore_rng(resumed, read_rank_state(resumed))
+    assert _draws() == saved_run_next
 
 
 def test_a_checkpoint_of_another_format_is_one_line(

@@ -32,6 +32,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "--lazy", str(disk)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_says_so_cleans_up_and_resumes(
     small_disk: Path, tmp_path: Path, shards: Path
 ) -> None:

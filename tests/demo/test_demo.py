@@ -6,10 +6,13 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
+
 from conftest import run_distseq
 from distseq.demo.three_ways import DemoRecord, table
 
 
+@pytest.mark.slow
 def test_a_short_demo_gives_all_three_rows(tmp_path: Path) -> None:
     argv = ["demo", "--out", str(tmp_path / "demo"), "--train-sequences", "16"]
     argv += ["--val-sequences", "8", "--json", "train.steps=2", "data.batch_size=2"]

@@ -35,6 +35,7 @@ def evaluate(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_eval_gives_what_training_validated(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = evaluate(capsys, str(run))
     val = logged(run)
@@ -61,6 +62,7 @@ def test_eval_gives_what_training_validated(run: Path, capsys: pytest.CaptureFix
     assert 9 * N_VAL <= frames <= 14 * N_VAL
 
 
+@pytest.mark.slow
 def test_an_exported_model_and_a_relaxed_window(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

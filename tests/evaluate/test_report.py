@@ -22,6 +22,7 @@ def png(path: Path) -> torch.Tensor:
     return decode_png(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
 
 
+@pytest.mark.slow
 def test_report_draws_every_picture_and_links_it(
     tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -54,6 +54,7 @@ def between(planned: Plan, share: float) -> str:
     return f"memory.budget={int(floor + share * (top - floor))}B"
 
 
+@pytest.mark.slow
 def test_a_run_plans_once_and_every_later_start_reuses_it(
     tmp_path: Path, probes: list[int]
 ) -> None:
@@ -68,6 +69,7 @@ def test_a_run_plans_once_and_every_later_start_reuses_it(
     assert said == [f"memory plan: {first.describe(T)} (as planned at the run's start)"]
 
 
+@pytest.mark.slow
 def test_another_budget_plans_the_holds_anew_at_the_recorded_chunk(
     tmp_path: Path, probes: list[int]
 ) -> None:
@@ -86,6 +88,7 @@ def test_another_budget_plans_the_holds_anew_at_the_recorded_chunk(
     assert f"memory.budget={recorded['budget_bytes']}B" == high  # the run's plan from now on
 
 
+@pytest.mark.slow
 def test_the_recorded_chunk_is_kept_even_where_a_smaller_one_would_fit(
     tmp_path: Path, probes: list[int]
 ) -> None:
@@ -107,6 +110,7 @@ def test_a_budget_below_the_parameters_is_refused_before_any_probing(
     assert probes == [] and not (tmp_path / "plan.json").exists()
 
 
+@pytest.mark.slow
 def test_a_budget_no_chunk_size_meets_is_refused_after_one_probe(
     tmp_path: Path, probes: list[int]
 ) -> None:
@@ -119,6 +123,7 @@ def test_a_budget_no_chunk_size_meets_is_refused_after_one_probe(
     assert probes == [K]
 
 
+@pytest.mark.slow
 def test_the_same_config_plans_the_same_chunks_under_load(tmp_path: Path) -> None:
     # Two fresh runs of one config, the second while two processes keep both cores busy: the
     # chunk size, part of the model under BatchNorm, comes from the config, not from timings.

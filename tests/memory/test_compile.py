@@ -13,6 +13,7 @@ from distseq.memory.chunked import compiled_graphs
 from distseq.memory.stages import stage_starts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("recompute", "keep", "offload"),
     [("none", 0, False), ("torch", 0, False), ("torch", 5, False), ("torch", 0, True),
@@ -47,6 +48,7 @@ def test_inductor_generated_code_gives_the_plain_gradients() -> None:
     assert max_rel_error(got, ref) < 3e-5
 
 
+@pytest.mark.slow
 def test_graphs_are_compiled_once_whatever_the_sequence_length() -> None:
     torch._dynamo.reset()  # the graphs of other tests in this process would serve again
     model = tiny_model("torch", chunk=4)

@@ -21,6 +21,7 @@ T, SIZE = 48, 32
 SHAPE = RunShape(batch_size=1, size=SIZE, classes=3, window=T, device=CPU)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backbone", ["resnet18", "mobilenet_v3_small"])
 @pytest.mark.parametrize("share", [0.3, 0.7])
 def test_a_plan_keeps_a_real_step_under_its_budget(backbone: str, share: float) -> None:
@@ -45,6 +46,7 @@ def test_a_plan_keeps_a_real_step_under_its_budget(backbone: str, share: float) 
     assert abs(total - plan.peak_bytes(T)) < 0.02 * total  # the prediction, to 2%
 
 
+@pytest.mark.slow
 def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
     model = tiny_model("torch", chunk=8, norm="batchnorm")
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -57,6 +59,7 @@ def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
     assert (model.chunk_frames, model.keep_frames, model.plan) == (8, 0, None)
 
 
+@pytest.mark.slow
 def test_a_budget_below_the_floor_says_what_would_fit() -> None:
     model = tiny_model("torch", chunk=8)
     measured = probe(model, model, SHAPE, 4)
@@ -77,6 +80,7 @@ def test_a_fraction_of_the_device_needs_a_gpu() -> None:
         budget_bytes("0.5", CPU)
 
 
+@pytest.mark.slow
 def test_offloaded_frames_cost_the_device_nothing_per_frame() -> None:
     model = tiny_model("torch", chunk=8)
     on_device = probe(model, model, SHAPE, 4)
@@ -163,6 +167,7 @@ def test_a_level_above_the_line_between_its_neighbours_is_never_used() -> None:
         assert Hold(2) not in Plan(probe, budget * MB).holds(8)
 
 
+@pytest.mark.slow
 def test_a_floor_above_the_budget_is_tried_again_at_a_smaller_chunk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -138,6 +138,7 @@ def test_timm_backbone_with_random_weights_its_size_and_normalisation() -> None:
         build_model(config("timm:no_such_net"), 3)
 
 
+@pytest.mark.slow
 def test_timm_weights_from_a_file_and_from_a_prefilled_hub_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

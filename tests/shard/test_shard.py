@@ -133,6 +133,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Real:
     return Real(videos, out, clips, argv, summary)
 
 
+@pytest.mark.slow
 def test_real_videos_read_back_as_resampled_frames_and_labels(real: Real) -> None:
     assert (real.summary.processed, real.summary.skipped, real.summary.shards) == (2, 0, 2)
     index = json.loads((real.out / "index.json").read_text())
@@ -180,6 +181,7 @@ def test_real_videos_read_back_as_resampled_frames_and_labels(real: Real) -> Non
         assert diff.max() < 8, (key, diff.max())
 
 
+@pytest.mark.slow
 def test_train_a_few_steps_on_real_shards(real: Real, tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(f"""
@@ -292,6 +294,7 @@ def test_uncommitted_shard_is_redone(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.glob("*.tar")) == [f"train-00000{i}.tar" for i in range(3)]
 
 
+@pytest.mark.slow
 def test_killed_run_leaves_no_partial_shard_and_resumes(tmp_path: Path) -> None:
     videos, labels = tmp_path / "videos", tmp_path / "labels"
     videos.mkdir()

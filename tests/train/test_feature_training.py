@@ -142,6 +142,7 @@ def test_a_features_run_refuses_shards_and_backbones_that_do_not_match(
         _features_config(features, tmp_path / "d", "data.augment.flip=true")
 
 
+@pytest.mark.slow
 def test_the_stages_warm_start_one_model(
     features: Path, shards: Path, backbone: Loaded, tmp_path: Path
 ) -> None:

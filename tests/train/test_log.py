@@ -25,6 +25,7 @@ def scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in board.Scalars(tag)] for tag in board.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_the_records_once_across_a_resume(tmp_path: Path, shards: Path) -> None:
     config = tiny_config(tmp_path, shards)
     overrides = ["data.num_workers=0", "train.steps=4", "train.save_every=2"]

@@ -80,6 +80,7 @@ def test_sigterm_during_a_restore_stops_the_run_and_keeps_the_checkpoint(
     assert sorted(p.name for p in latest.parent.iterdir()) == ["latest", "step_00000001"]
 
 
+@pytest.mark.slow
 def test_the_command_leaves_at_once_with_one_line(tmp_path: Path, shards: Path) -> None:
     # A probe of 64-frame steps takes seconds: long enough to be in it when the signal comes,
     # which the missing plan line shows.

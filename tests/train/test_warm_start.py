@@ -25,6 +25,7 @@ def earlier(tmp_path_factory: pytest.TempPathFactory, shards: Path) -> Path:
     return export(root / "run", root / "model.pt")
 
 
+@pytest.mark.slow
 def test_every_tensor_of_the_source_is_loaded(earlier: Path, shards: Path, tmp_path: Path) -> None:
     cfg = load_config(tiny_config(tmp_path, shards))
     torch.manual_seed(1)  # not the earlier run's initialisation
@@ -48,6 +49,7 @@ def test_a_shape_that_differs_is_refused_naming_the_key(
         warm_start(build_model(cfg.model, 3), [str(earlier)], print)
 
 
+@pytest.mark.slow
 def test_a_new_run_starts_from_it_and_a_resume_does_not(
     earlier: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
