@@ -51,6 +51,12 @@ def test_every_crash_window_of_a_save_leaves_latest_complete(tmp_path: Path) -> 
     assert latest_checkpoint(root) == root / "step_00000003"
 
 
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def _draws() -> tuple[float, float, list[float]]:
     """The next numbers of the three generators a run draws from (dropout, augmentation)."""
     return random.random(), float(np.random.rand()), torch.rand(3).tolist()
@@ -59,10 +65,10 @@ def _draws() -> tuple[float, float, list[float]]:
 def test_a_resume_draws_the_random_numbers_the_saved_run_drew_next(tmp_path: Path) -> None:
     # The fast check of what the torchrun resume tests show bit-exact: every generator's state.
     state = _state()
-    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    _seed(7)
     path = save_checkpoint(tmp_path / "checkpoints", state, Position(step=1), {}, keep_last=1)
     saved_run_next = _draws()
-    torch.manual_seed(8), random.seed(8), np.random.seed(8)  # the relaunch draws its own
+    _seed(8)  # the relaunch draws its own numbers before it restores
     resumed = restore_training(path, _state())
     restore_rng(resumed, read_rank_state(resumed))
     assert _draws() == saved_run_next
