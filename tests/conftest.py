@@ -5,7 +5,7 @@ Tests mirror the package (tests/data for distseq/data, ...). Those that start re
 scripts are the files in tests/integration/workers. Tests elsewhere that take more than a few
 seconds (a whole bench, the memory probe, a ``distseq`` subprocess) are marked ``slow``, which puts
 them in the integration tier too. ``python -m pytest -m "not integration"`` runs the rest, the
-fast tier, in about two minutes.
+fast tier, in about three minutes (two with ``-n 2``).
 """
 
 from __future__ import annotations
