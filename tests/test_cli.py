@@ -30,7 +30,7 @@ from streams import N_TRAIN, sequences_of
         ("memory.budget=1GB memory.recompute=none", "memory.budget"),
         ("memory.budget=1GB memory.keep_frames=8", "memory.keep_frames"),
         ("memory.budget=0.5", "memory.budget"),  # a fraction of a GPU, on the CPU
-        ("memory.budget=1MB", "memory.budget"),  # below the floor: found by the probe
+        ("memory.budget=10KB", "memory.budget"),  # below the floor: found by the probe
     ],
 )
 def test_config_errors_name_the_key_and_exit_2(
@@ -69,9 +69,9 @@ def test_whole_videos_of_frames_are_planned_for_the_longest(tmp_path: Path, shar
     said = f"memory plan: data.window=0, whole videos: the longest training video is {longest} "
     assert said in proc.stdout, proc.stdout
     assert f"memory plan: T={longest} chunk=" in proc.stdout, proc.stdout
-    # A budget that a whole video does not fit in says what the video needs, in one line (150
-    # MB: above ResNet-18's parameters and AdamW state, 135 MB, below a 14-frame step's floor).
-    argv += ["memory.budget=150MB", f"train.out_dir={tmp_path / 'small'}"]
+    # A budget that a whole video does not fit in says what the video needs, in one line (300
+    # KB: above tiny_cnn's parameters and AdamW state, 0.1 MB, below a 14-frame step's 0.53 MB).
+    argv += ["memory.budget=300KB", f"train.out_dir={tmp_path / 'small'}"]
     small = distseq("train", config, *argv, cwd=tmp_path)
     assert small.returncode == 2, small.stderr[-3000:]
     (line,) = small.stderr.strip().splitlines()

@@ -58,7 +58,7 @@ from distseq.errors import TrainingError, first_line
 from distseq.files import write_atomic
 from distseq.model.head import RNNState, map_state
 from distseq.parallel import any_rank, barrier, rank_world, say
-from distseq.units import MIB
+from distseq.units import format_size
 
 # 3: canonical state-dict keys (backbone.*, head.*), no memory wrapper in them; data.window.
 FORMAT = 3
@@ -235,8 +235,13 @@ def _save_failed(
     """The error of a failed save; a full device is said as such, with the numbers to fix it.
 
     torch's writer reports a full device in its own words ("unexpected pos 704 vs 598"), so
-    the free space is what tells.
+    the free space is what tells. ``need`` is the tensors' bytes; the last complete checkpoint,
+    where there is one, says what a save really takes (a small model's is twice its tensors:
+    DCP's metadata and per-tensor records, measured 224 KB against 101 KB).
     """
+    latest = latest_checkpoint(root)
+    if latest is not None:
+        need = max(need, sum(f.stat().st_size for f in latest.iterdir() if f.is_file()))
     free = shutil.disk_usage(root).free
     full = free < need or any(
         isinstance(e, OSError) and e.errno == errno.ENOSPC for e in _chain(error)
@@ -244,12 +249,11 @@ def _save_failed(
     if not full:
         reason = "another rank failed" if error is None else _first_line(error)
         return TrainingError(f"checkpoint {tmp} could not be written: {reason}")
-    latest = latest_checkpoint(root)
     return TrainingError(
         f"checkpoint {tmp.name} could not be written: the device of {root} is full "
-        f"({free / MIB:.1f} MiB free; one checkpoint needs about {need / MIB:.1f} MiB, and "
+        f"({format_size(free)} free; one checkpoint needs about {format_size(need)}, and "
         f"train.keep_last={keep_last} of them plus the one being written must fit, about "
-        f"{(keep_last + 1) * need / MIB:.1f} MiB); the partial save is removed, and a relaunch "
+        f"{format_size((keep_last + 1) * need)}); the partial save is removed, and a relaunch "
         f"with room or a smaller train.keep_last resumes from "
         f"{latest.name if latest else 'the start'}"
     )

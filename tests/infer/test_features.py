@@ -93,8 +93,8 @@ def test_feature_shards_hold_the_backbone_s_features_and_the_labels(
     assert (done.videos, done.skipped) == (N_TRAIN + N_VAL, 0)
     index = json.loads((tmp_path / "index.json").read_text())
     source = find_manifest(f"{shards}/{SPLIT}", "", "x")
-    assert index["features"] == loaded.model.feature_dim == 512
-    assert index["backbone"] == "resnet18" and index["classes"] == source.classes
+    assert index["features"] == loaded.model.feature_dim == 32
+    assert index["backbone"] == "tiny_cnn" and index["classes"] == source.classes
     assert {n: s["split"] for n, s in index["shards"].items()} == {
         n: s.split for n, s in source.shards.items()
     }

@@ -18,7 +18,7 @@ def test_a_run_is_used_from_another_directory(shards: Path, tmp_path: Path) -> N
     (start / "tiny.yaml").write_text(
         "data: {train: 'data/train-{000000..000003}.tar', val: 'data/val-{000000..000001}.tar',\n"
         "       window: 8, size: 32, num_workers: 0}\n"
-        "model: {head: {hidden: 16}}\n"
+        "model: {backbone: {name: tiny_cnn}, head: {hidden: 16}}\n"
         "train: {steps: 2, out_dir: run}\n"
     )
     trained = run_distseq("train", "tiny.yaml", cwd=start)

@@ -39,7 +39,7 @@ def test_torchrun_fsdp_training_run(tmp_path: Path, shards: Path) -> None:
     # the sharded checkpoint holds the whole model: read it back without any process group
     meta = dcp.FileSystemReader(str(ckpt / "step_00000003")).read_metadata()
     keys = set(meta.state_dict_metadata)
-    assert "model.backbone.conv1.weight" in keys and "model.head.classifier.bias" in keys
+    assert "model.backbone.0.weight" in keys and "model.head.classifier.bias" in keys
     assert not any("encoder" in key for key in keys)  # no wrapper in the names
     assert torch.Size(meta.state_dict_metadata["model.head.classifier.bias"].size) == (3,)
     # and `distseq export` consolidates it into one file that loads without unpickling code
@@ -145,6 +145,6 @@ def test_a_frozen_backbone_stays_then_resumes_bit_exact_on_two_ranks(
     run("parts")  # resumed across the unfreeze at step 2
     final = full_state(parts / "step_00000004")
     assert not torch.equal(
-        final["model"]["backbone.conv1.weight"], second["model"]["backbone.conv1.weight"]
+        final["model"]["backbone.0.weight"], second["model"]["backbone.0.weight"]
     )
     assert_identical(final, full_state(whole / "step_00000004"))

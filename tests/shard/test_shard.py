@@ -193,7 +193,7 @@ data:
   batch_size: 1
   num_workers: 0
 model:
-  backbone: {{name: resnet18}}
+  backbone: {{name: tiny_cnn}}
   head: {{hidden: 16}}
 memory: {{chunk_frames: 4}}
 parallel: {{mode: none}}
