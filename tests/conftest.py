@@ -10,6 +10,7 @@ fast tier, in about three minutes (two with ``-n 2``).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("bed"))
         elif INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+@pytest.fixture(autouse=True)
+def _cores(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under -n 2, a test marked ``alone`` runs with no other integration test beside it.
+
+    Those are the faults whose timing a busy core changes: with a torchrun beside it on the
+    other worker, a killed agent's survivor did not restart and a gone store's error read
+    otherwise. Other integration tests share the lock; fast tests never wait for it.
+    """
+    node = request.node
+    if "PYTEST_XDIST_WORKER" not in os.environ or not node.get_closest_marker("integration"):
+        yield
+        return
+    mode = fcntl.LOCK_EX if node.get_closest_marker("alone") else fcntl.LOCK_SH
+    with open(tmp_path_factory.getbasetemp().parent / "cores.lock", "a") as lock:
+        fcntl.flock(lock, mode)  # released when the file closes, after the test
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -200,6 +200,7 @@ def test_a_multi_node_run_equals_one_host(
     assert_bit_equal(parameters(tmp_path / "hosts"), parameters(tmp_path / "one"))
 
 
+@pytest.mark.alone
 def test_an_output_folder_that_is_not_shared_is_refused_before_the_first_step(
     bed: None, tmp_path: Path, shards: Path
 ) -> None:
@@ -235,6 +236,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory, shards: Path) -> dict[str
     return parameters(tmp / "one")
 
 
+@pytest.mark.alone
 def test_a_lost_link_stops_the_run_in_one_line_and_it_resumes_bit_exact(
     bed: None, tmp_path: Path, shards: Path, straight: dict[str, torch.Tensor]
 ) -> None:
@@ -264,10 +266,11 @@ def test_a_lost_link_stops_the_run_in_one_line_and_it_resumes_bit_exact(
     # run never stopped does (2 ranks on one host give the same bits, test above).
     again = on_hosts(2, 1, tmp_path, *run, f"train.out_dir={out}")
     for k, proc in enumerate(again, 1):
-        assert proc.returncode == 0, f"host {k}:\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, f"host {k}:\n{proc.stderr[-30000:]}"
     assert_bit_equal(parameters(out), straight)
 
 
+@pytest.mark.alone
 def test_a_killed_agent_leaves_no_orphan_and_the_group_re_forms_bit_exact(
     bed: None, tmp_path: Path, shards: Path, straight: dict[str, torch.Tensor]
 ) -> None:
@@ -290,7 +293,7 @@ def test_a_killed_agent_leaves_no_orphan_and_the_group_re_forms_bit_exact(
     (again,) = start_on_hosts([2], 2, 1, tmp_path, *run, rdzv=rdzv, launcher=restarts)
     results = finish([first, again], timeout=300)
     for k, proc in enumerate(results, 1):
-        assert proc.returncode == 0, f"host {k}:\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, f"host {k}:\n{proc.stderr[-30000:]}"
     assert "distseq: resuming from" in results[0].stdout + results[0].stderr
     lost = [line for line in results[0].stderr.splitlines() if "distseq: error" in line]
     assert len(lost) == 1 and "a collective failed after step" in lost[0], results[0].stderr[-3000:]
@@ -307,6 +310,7 @@ def _step_seconds(out: Path) -> float:
     return times[len(times) // 2]
 
 
+@pytest.mark.alone
 def test_a_slow_link_adds_at_least_its_delay_to_every_collective(
     bed: None, tmp_path: Path, shards: Path
 ) -> None:
@@ -335,6 +339,7 @@ def test_a_slow_link_adds_at_least_its_delay_to_every_collective(
     assert extra >= 6 * DELAY_MS / 1000, extra
 
 
+@pytest.mark.alone
 def test_the_stores_host_gone_at_start_fails_within_the_rendezvous_timeout(
     bed: None, tmp_path: Path, shards: Path
 ) -> None:
@@ -348,5 +353,5 @@ def test_the_stores_host_gone_at_start_fails_within_the_rendezvous_timeout(
     seconds = time.monotonic() - start
     assert result.returncode == 1, result.stderr[-2000:]
     assert "RendezvousConnectionError" in result.stderr, result.stderr[-2000:]
-    assert "while trying to connect to (ds-h1, " in result.stderr, result.stderr[-2000:]
+    assert "(ds-h1, " in result.stderr, result.stderr[-2000:]  # torch's words vary; the host
     assert seconds < 90, seconds  # two tries of 15 s and a back-off: 40 s on the bed
