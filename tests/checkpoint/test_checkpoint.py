@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import shutil
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from distseq.checkpoint import sharded
 from distseq.checkpoint.export import load_exported
 from distseq.checkpoint.sharded import (
     FORMAT,
@@ -49,6 +51,28 @@ def test_every_crash_window_of_a_save_leaves_latest_complete(tmp_path: Path) -> 
     save_checkpoint(root, state, Position(step=3), {}, keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000002", "step_00000003"]
     assert latest_checkpoint(root) == root / "step_00000003"
+
+
+def test_a_first_save_that_fails_says_why_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "checkpoints"
+
+    def fail(path: Path, data: bytes) -> None:
+        raise error
+
+    monkeypatch.setattr(sharded, "write_atomic", fail)
+    # A full device before any checkpoint: the need is the tensors', the relaunch starts over.
+    error: OSError = OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(TrainingError) as full:
+        save_checkpoint(root, _state(), Position(step=1), {}, keep_last=2)
+    assert "could not be written: the device of" in str(full.value)
+    assert str(full.value).endswith("resumes from the start")
+    # Any other error is said as it is, the partial save removed either way.
+    error = PermissionError(errno.EACCES, "Permission denied")
+    with pytest.raises(TrainingError, match=r"step_00000001\.tmp could not be written: .*denied"):
+        save_checkpoint(root, _state(), Position(step=1), {}, keep_last=2)
+    assert not list(root.iterdir())
 
 
 def _seed(seed: int) -> None:

@@ -175,14 +175,17 @@ def test_a_floor_above_the_budget_is_tried_again_at_a_smaller_chunk(
     # half as much at a time and fit.
     monkeypatch.setattr(planning, "CHUNKS", (2, 4))
     model = tiny_model("torch", chunk=8)
-    floors = {k: Plan(probe(model, model, SHAPE, k), 0).floor_bytes(T) for k in (2, 4)}
+    # Each chunk size probed once (a probe of ResNet-18 over 48 frames takes ~10 s here); the
+    # planner is handed these measurements, in the order it asks for them.
+    probes = {k: probe(model, model, SHAPE, k) for k in (2, 4)}
+    floors = {k: Plan(probes[k], 0).floor_bytes(T) for k in (2, 4)}
     assert floors[2] < floors[4]
     budget = int((floors[2] + floors[4]) / 2)
     probed, said = [], []
 
     def plan_at(chunk: int) -> Plan:
         probed.append(chunk)
-        return Plan(probe(model, model, SHAPE, chunk), budget)
+        return Plan(probes[chunk], budget)
 
     plan = planning.fit(plan_at, 4, T, said.append)
     assert probed == [4, 2] and plan.probe.chunk_frames == 2
