@@ -215,6 +215,7 @@ def test_two_task_gloo_all_reduce(slurm: Path) -> None:
         assert states == ["COMPLETED"], states
 
 
+@pytest.mark.alone
 def test_checkpointable_requeue(slurm: Path, tmp_path: Path) -> None:
     progress = tmp_path / "progress.txt"
     executor = _executor(slurm)
