@@ -9,6 +9,7 @@ unreadable shard, a bad ``index.json``) always raise.
 from __future__ import annotations
 
 import logging
+import signal
 import traceback
 from collections.abc import Iterator
 from dataclasses import replace
@@ -46,13 +47,38 @@ def on_error(policy: str, error: DataError, sample_id: str, skipped: list[str]) 
     skipped.append(sample_id)
 
 
+# A stop signal sent to a whole process group (``kill -- -PGID``, ``scancel --signal=TERM``, a
+# node shutting down) reaches the loader's workers as well as the trainer. torch's workers die of a
+# SIGTERM their parent did not send, and the trainer then fails with "DataLoader worker ... is
+# killed by signal" before the step boundary where it would save. So the workers ignore the stop
+# signals and the trainer alone answers them: it saves, then shuts its workers down as at any end.
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR2}
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the fork: see loader
+
+
 def loader(dataset: Stream, num_workers: int) -> Iterator[Batch]:
     """Run the stream in DataLoader workers, with one-line errors."""
     pools = dataset.pools = sharedmem.Pools.for_workers(num_workers) if num_workers else None
     workers = DataLoader(
-        dataset, batch_size=None, num_workers=num_workers, pin_memory=torch.cuda.is_available()
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        worker_init_fn=_ignore_stop_signals,
     )
-    batches = iter(workers)
+    # The stop signals stay blocked while the workers start, so that none reaching a worker
+    # between its fork and its init function kills it: a worker inherits the mask, and a signal
+    # pending there is dropped once it ignores them. The trainer gets its own when they are up.
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        batches = iter(workers)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
     try:
         for batch in batches:
             if pools is not None and batch.segment[0] >= 0:

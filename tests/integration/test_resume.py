@@ -4,6 +4,7 @@ torchrun restart; resharding to another world size; export; one-line errors."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -261,15 +262,21 @@ def test_ordered_mode_resumes_with_the_carried_rnn_states(shards: Path, tmp_path
 
 
 def test_sigterm_to_torchrun_saves_before_the_workers_exit(shards: Path, tmp_path: Path) -> None:
-    # As SLURM preempting an sbatch job that runs torchrun: the agent passes SIGTERM on.
+    # As SLURM preempting an sbatch job that runs torchrun: SIGTERM reaches every process of the
+    # job, the agent (which passes it on), the ranks and their loader workers.
     config = tiny_config(tmp_path, shards)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "distseq", "train"]
-    cmd += [str(config), "train.steps=500", f"train.out_dir={run}"]
+    cmd += [str(config), "train.steps=500", "data.num_workers=1", f"train.out_dir={run}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     agent = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        cmd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the job's process group
     )
     try:
         metrics = run / "metrics.jsonl"
@@ -277,13 +284,15 @@ def test_sigterm_to_torchrun_saves_before_the_workers_exit(shards: Path, tmp_pat
         while not (metrics.exists() and '"step": 2,' in metrics.read_text()):
             assert agent.poll() is None and time.monotonic() < deadline, "training never started"
             time.sleep(0.2)
-        agent.send_signal(signal.SIGTERM)
+        os.killpg(agent.pid, signal.SIGTERM)
         _, err = agent.communicate(timeout=120)
     finally:
-        agent.kill()
+        with contextlib.suppress(ProcessLookupError):  # none left
+            os.killpg(agent.pid, signal.SIGKILL)
     assert agent.returncode != 0
     stopped = re.findall(r"\(rank (\d)\): stopped on request after step (\d+), saved", err)
     assert sorted(rank for rank, _ in stopped) == ["0", "1"], err[-3000:]
+    assert "killed by signal" not in err, err[-3000:]
     step = int(stopped[0][1])
     assert 2 <= step < 500 and latest(run) == f"step_{step:08d}"
 
