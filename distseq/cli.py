@@ -85,7 +85,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     exit_with_agent()  # first: the imports below take seconds, and the agent may die meanwhile
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         args.run(args)
     except (ConfigError, ModelError) as e:
@@ -100,6 +100,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         _exit_if_orphaned()
         raise
     return 0
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, with a command's ``key=value`` overrides before or after its options
+    (``submit CONFIG --nodes 4 data.train=shards/``): argparse fills a positional list from one
+    run of arguments only, and hands back those after an option as unrecognized."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and hasattr(args, "overrides") and not any(a.startswith("-") for a in rest):
+        args.overrides = [*args.overrides, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
 
 
 def _failed(message: str, code: int) -> int:

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_distseq as distseq
 from conftest import tiny_config
 from distseq import __version__
-from distseq.cli import commands, main
+from distseq.cli import commands, main, parse
 from streams import N_TRAIN, sequences_of
 
 
@@ -191,6 +191,31 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"distseq {__version__}\n"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # The README's SLURM line: overrides after the options.
+        ["submit", "c.yaml", "--nodes", "4", "--partition", "gpu", "a=1", "b=2"],
+        ["submit", "c.yaml", "a=1", "--dry-run", "b=2"],
+        ["train", "c.yaml", "a=1", "b=2"],
+        ["config", "c.yaml", "--keys", "a=1", "b=2"],
+        ["demo", "a=1", "--out", "demo", "b=2"],
+        ["bench", "recipes", "c.yaml", "a=1", "--steps", "3", "b=2"],
+    ],
+)
+def test_overrides_come_before_or_after_the_options(argv: list[str]) -> None:
+    assert parse(argv).overrides == ["a=1", "b=2"]
+
+
+def test_an_unknown_option_is_refused_among_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        parse(["train", "c.yaml", "a=1", "--nodes", "4", "b=2"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "distseq: error: unrecognized arguments: --nodes 4 b=2"
+    )
+
+
 def test_every_help_shows_its_defaults_and_no_markup() -> None:
     parsers = commands()
     assert {"distseq shard", "distseq bench data", "distseq train"} <= set(parsers)
@@ -203,7 +228,8 @@ def test_every_help_shows_its_defaults_and_no_markup() -> None:
             default = action.default
             if default is None or default is False or default in ("", [], argparse.SUPPRESS):
                 continue
-            help_text = parser._get_formatter()._expand_help(action)
+            # argparse shows no default for an option without help text.
+            help_text = parser._get_formatter()._expand_help(action) if action.help else ""
             assert "default" in help_text, (name, action.option_strings, help_text)
     shard = " ".join(parsers["distseq shard"].format_help().split())
     assert "output frame rate (default: 1)" in shard and "(default: 224)" in shard

@@ -55,15 +55,16 @@ def _options(kind: type[T], args: argparse.Namespace) -> T:
 
 def _add_memory(sub: Subparsers) -> None:
     p = sub.add_parser("memory", help="activation memory and step time per recompute backend")
-    p.add_argument("--backbone", default="resnet18")
+    p.add_argument("--backbone", default="resnet18", help="the CNN (model.backbone.name)")
     p.add_argument("--frames", type=int, nargs="+", default=[64, 256, 1024], help="T per case")
-    p.add_argument("--size", type=int, default=112)
-    p.add_argument("--chunk", type=int, default=8)
+    p.add_argument("--size", type=int, default=112, help="square frame size (px)")
+    p.add_argument("--chunk", type=int, default=8, help="frames per chunk (memory.chunk_frames)")
     p.add_argument(
         "--recompute",
         nargs="+",
         default=["none", "torch", "fairscale"],
         choices=[r.value for r in Recompute],
+        help="recompute backends, one case each (memory.recompute)",
     )
     p.add_argument("--json", action="store_true", help="one JSON record per case")
     p.set_defaults(run=lambda args: bench_memory(_options(MemoryBench, args)))
@@ -73,8 +74,8 @@ def _add_compare(sub: Subparsers) -> None:
     p = sub.add_parser(
         "compare", help="plain, per-block checkpointing, TBPTT-64, chunked, planned: side by side"
     )
-    p.add_argument("--backbone", default="resnet18")
-    p.add_argument("--size", type=int, default=112)
+    p.add_argument("--backbone", default="resnet18", help="the CNN (model.backbone.name)")
+    p.add_argument("--size", type=int, default=112, help="square frame size (px)")
     p.add_argument("--frames", type=int, nargs="+", default=[256, 1024], help="T per case")
     p.add_argument("--chunk", type=int, default=8, help="the chunked row's fixed chunk")
     p.add_argument(
@@ -116,8 +117,10 @@ def _add_protocols(sub: Subparsers) -> None:
     )
     p.add_argument("--videos", type=int, default=40, help="Cholec80-shaped videos")
     p.add_argument("--shift", type=float, default=15.0, help="std of a phase change's error, s")
-    p.add_argument("--relaxed-seconds", type=float, default=10.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--relaxed-seconds", type=float, default=10.0, help="the relaxed boundary, s (Cholec80's)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated predictions")
     p.add_argument("--json", action="store_true", help="the numbers as JSON")
     p.set_defaults(run=lambda args: bench_protocols(_options(ProtocolsBench, args)))
 
@@ -126,8 +129,8 @@ def _add_traffic(sub: Subparsers) -> None:
     p = sub.add_parser(
         "traffic", help="collective bytes per rank per step at each world size (torchrun here)"
     )
-    p.add_argument("--backbone", default="resnet18")
-    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--backbone", default="resnet18", help="the CNN (model.backbone.name)")
+    p.add_argument("--size", type=int, default=64, help="square frame size (px)")
     p.add_argument("--length", dest="frames", type=int, default=16, help="T, each rank's frames")
     p.add_argument(
         "--chunks-per-sequence",
@@ -140,7 +143,9 @@ def _add_traffic(sub: Subparsers) -> None:
     _renamed(p, "--frames", "--length")
     _renamed(p, "--chunks", "--chunks-per-sequence")
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4, 6], help="ranks per run")
-    p.add_argument("--modes", nargs="+", default=["fsdp", "ddp"], choices=["fsdp", "ddp"])
+    p.add_argument(
+        "--modes", nargs="+", default=["fsdp", "ddp"], choices=["fsdp", "ddp"], help="parallel.mode"
+    )
     p.add_argument("--json", action="store_true", help="one JSON record per row")
     p.set_defaults(run=lambda args: bench_traffic(_options(TrafficBench, args)))
 
@@ -149,8 +154,8 @@ def _add_gpu(sub: Subparsers) -> None:
     p = sub.add_parser(
         "gpu", help="the GPU acceptance run: memory, plan, bf16, offload, NCCL, compile, loader"
     )
-    p.add_argument("--backbone", default="resnet50")
-    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--backbone", default="resnet50", help="the CNN (model.backbone.name)")
+    p.add_argument("--size", type=int, default=224, help="square frame size (px)")
     p.add_argument("--length", dest="frames", type=int, default=256, help="T, the sequence's")
     _renamed(p, "--frames", "--length")
     p.add_argument("--chunk", type=int, default=16, help="frames per chunk (memory.chunk_frames)")
@@ -190,9 +195,7 @@ def _add_recipes(sub: Subparsers) -> None:
         help="does end to end pay on my data? per-frame, TBPTT, two-stage, three-stage, exact",
     )
     p.add_argument("config", help="the config of the end-to-end model, with data.train and .val")
-    p.add_argument(
-        "overrides", nargs="*", help="key=value overrides for every run, right after CONFIG"
-    )
+    p.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps of every training")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="train.seed values")
     p.add_argument("--tbptt", type=int, default=64, help="k of TBPTT-k (memory.tbptt_frames)")

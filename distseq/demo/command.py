@@ -12,8 +12,8 @@ from distseq.demo.three_ways import run_demo, table
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="long-sequence recall, trained three ways, on CPU")
     p.add_argument("--out", default="runs/demo", help="where data and runs go")
-    p.add_argument("--train-sequences", type=int, default=256)
-    p.add_argument("--val-sequences", type=int, default=128)
+    p.add_argument("--train-sequences", type=int, default=256, help="sequences made to train on")
+    p.add_argument("--val-sequences", type=int, default=128, help="sequences made to score on")
     p.add_argument("--json", action="store_true", help="one JSON record per model")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
     p.set_defaults(run=run)

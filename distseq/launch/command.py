@@ -15,13 +15,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("submit", help="run `distseq train` as a SLURM job (submitit)")
     p.add_argument("config", help="YAML config file")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--nodes", type=int, default=1, help="SLURM nodes")
     p.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU; 0: CPU job")
     p.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node of a CPU job")
-    p.add_argument("--cpus-per-task", type=int, default=1)
-    p.add_argument("--partition", default="")
+    p.add_argument("--cpus-per-task", type=int, default=1, help="CPUs per rank (loader workers)")
+    p.add_argument("--partition", default="", help="SLURM partition; default: the cluster's")
     p.add_argument("--time", default="01:00:00", help="[D-]HH:MM[:SS]")
-    p.add_argument("--account", default="")
+    p.add_argument("--account", default="", help="SLURM account; default: yours")
     p.add_argument("--folder", default="runs/slurm/%j", help="submitit logs; %%j is the job id")
     p.add_argument(
         "--signal-delay",
