@@ -61,19 +61,33 @@ WORKERS = INTEGRATION / "workers"
 SHARED_SERVICES = {"test_hosts.py", "test_slurm_cluster.py"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A slow test is in the integration tier wherever it lives, so that the fast tier
     # (-m "not integration") stays the few minutes of docs/development.md.
     for item in items:
         if INTEGRATION in item.path.parents or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.integration)
-        # Under -n 2 --dist loadgroup: an integration module's tests stay on one worker, so that
-        # its module fixtures (a reference run, demo shards) are made once.
-        if item.path.name in SHARED_SERVICES:
-            item.add_marker(pytest.mark.xdist_group("bed"))
-        elif INTEGRATION in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under -n 2: an integration module's tests stay on one worker, so that its module fixtures
+    (a reference run, demo shards) are made once; the bed's and the cluster's tests share one
+    worker (SHARED_SERVICES); every other test goes wherever a worker is free.
+
+    Not xdist_group marks: xdist (3.8) names a test's group in ``item._nodeid``, which pytest 9.2
+    no longer reads, so every group was silently dropped and modules were split (seen in a CI
+    run's -v output: test_hosts.py on both workers).
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            if Path(path).name in SHARED_SERVICES:
+                return "bed"
+            return path if path.startswith("tests/integration/") else nodeid
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(autouse=True)
