@@ -11,6 +11,7 @@ whole suite share the cores.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -19,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -204,8 +206,9 @@ def report(record: dict) -> None:
     Path(f"result_{rank}.json").write_text(json.dumps({"rank": rank, **record}))
 
 
-def run_distseq(*args: str, cwd: Path, torchrun: int = 0) -> subprocess.CompletedProcess[str]:
-    """``python -m distseq ARGS`` as a user runs it, or under ``torchrun`` with that many ranks."""
+def _distseq(args: tuple[str, ...], torchrun: int) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of ``python -m distseq ARGS``, or under ``torchrun``
+    with that many ranks."""
     launcher = [sys.executable, "-m"]
     if torchrun:
         launcher += [
@@ -216,9 +219,43 @@ def run_distseq(*args: str, cwd: Path, torchrun: int = 0) -> subprocess.Complete
             "-m",
         ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [*launcher, "distseq", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    return [*launcher, "distseq", *args], env
+
+
+def run_distseq(*args: str, cwd: Path, torchrun: int = 0) -> subprocess.CompletedProcess[str]:
+    """``python -m distseq ARGS`` as a user runs it, or under ``torchrun`` with that many ranks."""
+    cmd, env = _distseq(args, torchrun)
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def sigterm_group_at_step(
+    *args: str, cwd: Path, run: Path, step: int = 2, torchrun: int = 0
+) -> tuple[int, str]:
+    """Run ``distseq ARGS`` (as :func:`run_distseq`) in a process group of its own, as a job's;
+    once ``run``'s metrics record ``step``, send SIGTERM to the whole group, as ``scancel`` or a
+    node shutting down does. Returns the exit code and stderr."""
+    cmd, env = _distseq(args, torchrun)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
+    try:
+        metrics = run / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and f'"step": {step},' in metrics.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "training never started"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # none left
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, err
 
 
 def launch_torchrun(

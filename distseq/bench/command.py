@@ -53,11 +53,15 @@ def _options(kind: type[T], args: argparse.Namespace) -> T:
     return kind(**values)
 
 
+def _cnn(p: argparse.ArgumentParser, backbone: str, size: int) -> None:
+    p.add_argument("--backbone", default=backbone, help="the CNN (model.backbone.name)")
+    p.add_argument("--size", type=int, default=size, help="square frame size (px)")
+
+
 def _add_memory(sub: Subparsers) -> None:
     p = sub.add_parser("memory", help="activation memory and step time per recompute backend")
-    p.add_argument("--backbone", default="resnet18", help="the CNN (model.backbone.name)")
+    _cnn(p, "resnet18", 112)
     p.add_argument("--frames", type=int, nargs="+", default=[64, 256, 1024], help="T per case")
-    p.add_argument("--size", type=int, default=112, help="square frame size (px)")
     p.add_argument("--chunk", type=int, default=8, help="frames per chunk (memory.chunk_frames)")
     p.add_argument(
         "--recompute",
@@ -74,8 +78,7 @@ def _add_compare(sub: Subparsers) -> None:
     p = sub.add_parser(
         "compare", help="plain, per-block checkpointing, TBPTT-64, chunked, planned: side by side"
     )
-    p.add_argument("--backbone", default="resnet18", help="the CNN (model.backbone.name)")
-    p.add_argument("--size", type=int, default=112, help="square frame size (px)")
+    _cnn(p, "resnet18", 112)
     p.add_argument("--frames", type=int, nargs="+", default=[256, 1024], help="T per case")
     p.add_argument("--chunk", type=int, default=8, help="the chunked row's fixed chunk")
     p.add_argument(
@@ -129,8 +132,7 @@ def _add_traffic(sub: Subparsers) -> None:
     p = sub.add_parser(
         "traffic", help="collective bytes per rank per step at each world size (torchrun here)"
     )
-    p.add_argument("--backbone", default="resnet18", help="the CNN (model.backbone.name)")
-    p.add_argument("--size", type=int, default=64, help="square frame size (px)")
+    _cnn(p, "resnet18", 64)
     p.add_argument("--length", dest="frames", type=int, default=16, help="T, each rank's frames")
     p.add_argument(
         "--chunks-per-sequence",
@@ -154,8 +156,7 @@ def _add_gpu(sub: Subparsers) -> None:
     p = sub.add_parser(
         "gpu", help="the GPU acceptance run: memory, plan, bf16, offload, NCCL, compile, loader"
     )
-    p.add_argument("--backbone", default="resnet50", help="the CNN (model.backbone.name)")
-    p.add_argument("--size", type=int, default=224, help="square frame size (px)")
+    _cnn(p, "resnet50", 224)
     p.add_argument("--length", dest="frames", type=int, default=256, help="T, the sequence's")
     _renamed(p, "--frames", "--length")
     p.add_argument("--chunk", type=int, default=16, help="frames per chunk (memory.chunk_frames)")

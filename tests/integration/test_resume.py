@@ -4,7 +4,6 @@ torchrun restart; resharding to another world size; export; one-line errors."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from conftest import (
     launch_torchrun,
     random_batch,
     run_distseq,
+    sigterm_group_at_step,
     tiny_config,
 )
 from distseq.checkpoint.command import add_parser, run
@@ -266,30 +266,9 @@ def test_sigterm_to_torchrun_saves_before_the_workers_exit(shards: Path, tmp_pat
     # job, the agent (which passes it on), the ranks and their loader workers.
     config = tiny_config(tmp_path, shards)
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "distseq", "train"]
-    cmd += [str(config), "train.steps=500", "data.num_workers=1", f"train.out_dir={run}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    agent = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # the job's process group
-    )
-    try:
-        metrics = run / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while not (metrics.exists() and '"step": 2,' in metrics.read_text()):
-            assert agent.poll() is None and time.monotonic() < deadline, "training never started"
-            time.sleep(0.2)
-        os.killpg(agent.pid, signal.SIGTERM)
-        _, err = agent.communicate(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # none left
-            os.killpg(agent.pid, signal.SIGKILL)
-    assert agent.returncode != 0
+    argv = [str(config), "train.steps=500", "data.num_workers=1", f"train.out_dir={run}"]
+    code, err = sigterm_group_at_step("train", *argv, cwd=tmp_path, run=run, torchrun=2)
+    assert code != 0
     stopped = re.findall(r"\(rank (\d)\): stopped on request after step (\d+), saved", err)
     assert sorted(rank for rank, _ in stopped) == ["0", "1"], err[-3000:]
     assert "killed by signal" not in err, err[-3000:]

@@ -3,7 +3,6 @@ is (the probe of a memory plan, a restore); from then on a stop waits for the st
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from conftest import REPO, tiny_config
+from conftest import REPO, sigterm_group_at_step, tiny_config
 from distseq.config import load_config
 from distseq.memory import probe
 from distseq.train.loop import train
@@ -119,31 +118,13 @@ def test_sigterm_to_the_whole_group_saves_with_loader_workers(tmp_path: Path, sh
     # "DataLoader worker ... is killed by signal", saving nothing.
     config = tiny_config(tmp_path, shards)
     argv = ["train.steps=500", "data.num_workers=1", "data.val="]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distseq", "train", str(config), *argv],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a job's
+    code, err = sigterm_group_at_step(
+        "train", str(config), *argv, cwd=tmp_path, run=tmp_path / "run"
     )
-    try:
-        metrics = tmp_path / "run" / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while not (metrics.exists() and '"step": 2,' in metrics.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, "training never started"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # none left
-            os.killpg(proc.pid, signal.SIGKILL)
     saved = re.fullmatch(
         r"distseq: error: stopped on request after step (\d+), saved; run again to resume",
         err.splitlines()[-1],
     )
-    assert proc.returncode == 1 and saved and "Traceback" not in err, err[-3000:]
+    assert code == 1 and saved and "Traceback" not in err, err[-3000:]
     latest = tmp_path / "run" / "checkpoints" / "latest"
     assert latest.read_text() == f"step_{int(saved[1]):08d}\n"
