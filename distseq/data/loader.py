@@ -9,7 +9,9 @@ unreadable shard, a bad ``index.json``) always raise.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 import traceback
 from collections.abc import Iterator
 from dataclasses import replace
@@ -50,15 +52,26 @@ def on_error(policy: str, error: DataError, sample_id: str, skipped: list[str]) 
 # A stop signal sent to a whole process group (``kill -- -PGID``, ``scancel --signal=TERM``, a
 # node shutting down) reaches the loader's workers as well as the trainer. torch's workers die of a
 # SIGTERM their parent did not send, and the trainer then fails with "DataLoader worker ... is
-# killed by signal" before the step boundary where it would save. So the workers ignore the stop
-# signals and the trainer alone answers them: it saves, then shuts its workers down as at any end.
+# killed by signal" before the step boundary where it would save. So a worker ignores the stop
+# signals, but for its parent's SIGTERM: torch (and multiprocessing at exit) ends a worker that
+# does not stop by itself with it, and a worker that ignored that one hung its trainer's exit
+# (seen in CI: two ranks saved on a SIGTERM to one of them, then waited on their live workers for
+# two hours). Python's handlers do not say who sent a signal; a thread in sigwaitinfo does.
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR2}
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the fork: see loader
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # in every thread, from here on
+    parent = os.getppid()
+
+    def take_sigterm() -> None:
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent:
+            pass
+        os._exit(0)  # as torch's own worker handler does on its parent's SIGTERM
+
+    threading.Thread(target=take_sigterm, name="distseq-sigterm", daemon=True).start()
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})  # blocked since the fork
 
 
 def loader(dataset: Stream, num_workers: int) -> Iterator[Batch]:
@@ -73,7 +86,8 @@ def loader(dataset: Stream, num_workers: int) -> Iterator[Batch]:
     )
     # The stop signals stay blocked while the workers start, so that none reaching a worker
     # between its fork and its init function kills it: a worker inherits the mask, and a signal
-    # pending there is dropped once it ignores them. The trainer gets its own when they are up.
+    # pending there goes to its SIGTERM thread or is dropped. The trainer gets its own when they
+    # are up.
     unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         batches = iter(workers)
