@@ -9,6 +9,7 @@ one line and an exit code.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -48,22 +49,33 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from distseq.bench import command as bench
-    from distseq.checkpoint import command as export
-    from distseq.config import command as config
-    from distseq.demo import command as demo
-    from distseq.evaluate import command as evaluate
-    from distseq.infer import command as infer
-    from distseq.launch import command as submit
-    from distseq.shard import command as shard
-    from distseq.train import command as train
+# Each command's module by the words that name it. A run imports its own command's module only:
+# importing all of them (bench's torchvision models and matplotlib among them) took 4.9 s of a
+# 6 s three-step `distseq train`, and every torchrun rank pays it again.
+_MODULES = {
+    "train": "distseq.train.command",
+    "config": "distseq.config.command",
+    "demo": "distseq.demo.command",
+    "shard": "distseq.shard.command",
+    "export": "distseq.checkpoint.command",
+    "predict": "distseq.infer.command",
+    "features": "distseq.infer.command",
+    "eval": "distseq.evaluate.command",
+    "report": "distseq.evaluate.command",
+    "submit": "distseq.launch.command",
+    "bench": "distseq.bench.command",
+}
 
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command``'s module alone where one is named (what
+    ``distseq --help`` and an unknown command's error list needs all of)."""
+    names = [_MODULES[command]] if command in _MODULES else list(dict.fromkeys(_MODULES.values()))
     parser = _Parser(prog="distseq", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"distseq {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (train, config, demo, shard, export, infer, evaluate, submit, bench):
-        command.add_parser(sub)
+    for name in names:
+        importlib.import_module(name).add_parser(sub)
     return parser
 
 
@@ -106,7 +118,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line, with a command's ``key=value`` overrides before or after its options
     (``submit CONFIG --nodes 4 data.train=shards/``): argparse fills a positional list from one
     run of arguments only, and hands back those after an option as unrecognized."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args, rest = parser.parse_known_args(argv)
     if rest and hasattr(args, "overrides") and not any(a.startswith("-") for a in rest):
         args.overrides = [*args.overrides, *rest]

@@ -12,7 +12,6 @@ import random
 from dataclasses import dataclass
 
 import torch
-from torchvision.transforms.v2 import functional as F
 
 from distseq.config import AugmentConfig
 
@@ -73,6 +72,10 @@ def changes_nothing(params: Params, height: int, width: int, size: int) -> bool:
 def apply(frames: torch.Tensor, params: Params, size: int) -> torch.Tensor:
     """Crop, resize to ``size`` x ``size``, flip and recolour uint8 [T, 3, H, W] frames, all with
     the same parameters; steps that the parameters make a no-op are left out."""
+    # Imported here, as decode's resize is: importing torchvision takes 1.2 s of every process's
+    # start, and a run without augmentation never gets here.
+    from torchvision.transforms.v2 import functional as F
+
     box = (params.top, params.left, params.height, params.width)
     if box != (0, 0, *frames.shape[-2:]):
         frames = F.crop(frames, *box)

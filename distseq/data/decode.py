@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image
 from torchcodec.decoders import decode_jpeg
-from torchvision.transforms.v2.functional import resize
 
 from distseq.data.format import FEATURES_MEMBER, FRAME_MEMBER_RE, LABELS_MEMBER
 from distseq.data.tar import Sample
@@ -157,6 +156,10 @@ def decode(
         except (RuntimeError, ValueError) as e:
             raise bad_jpeg(where, number, e) from None
         if size is not None and img.shape[-2:] != (size, size):
+            # Imported here: importing torchvision costs a process 1.2 s of its start (its ops
+            # import torch._dynamo), and shards written at the model's size never resize.
+            from torchvision.transforms.v2.functional import resize
+
             img = resize(img, [size, size], antialias=True)
         if out and img.shape != out[0].shape:
             raise DataError(

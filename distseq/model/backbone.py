@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchvision
 from torch import nn
-from torchvision.ops import FrozenBatchNorm2d
 
 from distseq.config import BackboneConfig, Norm, is_import_path
 from distseq.errors import ConfigError, ModelError, first_line
@@ -67,6 +65,8 @@ def _chunk_safe_norm(bn: nn.BatchNorm2d, norm: Norm, with_act: bool) -> nn.Modul
 
             new = FrozenBatchNormAct2d(c, eps=eps, apply_act=False)
         else:
+            from torchvision.ops import FrozenBatchNorm2d
+
             new = FrozenBatchNorm2d(c, eps=eps)
         keys: tuple[str, ...] = ("weight", "bias", "running_mean", "running_var")
     else:
@@ -100,6 +100,8 @@ def _state_from_torchvision(model: str, entry: str) -> object:
     (``$TORCH_HOME/hub/checkpoints``): a machine that holds the file never downloads it."""
     if model == TINY_CNN:
         raise ConfigError(f"config key model.backbone.weights={entry!r}: {TINY_CNN} has none")
+    import torchvision
+
     weights = torchvision.models.get_model_weights(model)
     if entry not in weights.__members__:
         raise ConfigError(
@@ -188,15 +190,7 @@ def build_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int, FrameInput]:
 
 
 def _torchvision_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
-    if cfg.name == TINY_CNN:
-        cnn = tiny_cnn()
-    elif cfg.name in torchvision.models.list_models(module=torchvision.models):
-        cnn = torchvision.models.get_model(cfg.name, weights=None)
-    else:
-        raise ConfigError(
-            f"config key model.backbone.name={cfg.name!r}: not a torchvision model nor "
-            f"{TINY_CNN}, {TIMM}NAME or an import path (pkg.module:make_cnn)"
-        )
+    cnn = tiny_cnn() if cfg.name == TINY_CNN else _torchvision_model(cfg.name)
     if cfg.weights:
         _load_weights(cnn, cfg.name, cfg.weights)
     # The classifier is the last Linear in every torchvision CNN we support; what feeds it
@@ -207,6 +201,19 @@ def _torchvision_backbone(cfg: BackboneConfig) -> tuple[nn.Module, int]:
     name, fc = linears[-1]
     _set_module(cnn, name, nn.Identity())
     return cnn, fc.in_features
+
+
+def _torchvision_model(name: str) -> nn.Module:
+    # Imported here, as timm is below: importing torchvision takes 1.2 s of a process's start
+    # (its ops import torch._dynamo), which a run of tiny_cnn or a user's own CNN never needs.
+    import torchvision
+
+    if name not in torchvision.models.list_models(module=torchvision.models):
+        raise ConfigError(
+            f"config key model.backbone.name={name!r}: not a torchvision model nor "
+            f"{TINY_CNN}, {TIMM}NAME or an import path (pkg.module:make_cnn)"
+        )
+    return torchvision.models.get_model(name, weights=None)
 
 
 PRETRAINED = "pretrained"  # model.backbone.weights of a timm model: its default weights
