@@ -360,7 +360,8 @@ def _interrupt_and_finish(job: SlurmJob, run: Path) -> str:
 def test_interrupted_job_saves_on_all_ranks_requeues_and_ends_as_uninterrupted(
     slurm: Path, tmp_path: Path, shards: Path, uninterrupted: dict
 ) -> None:
-    job, run = _submit_tiny(tmp_path, shards, slurm, 2, *UNTIL_THE_END)
+    # With a loader worker on each rank, as users run: the signals reach it too.
+    job, run = _submit_tiny(tmp_path, shards, slurm, 2, *UNTIL_THE_END, "data.num_workers=1")
     _interrupt_and_finish(job, run)
     _same_parameters(run, uninterrupted)
 
@@ -443,7 +444,9 @@ def test_sbatch_torchrun_runs_one_torchrun_on_each_of_two_nodes(
 def test_requeues_are_bounded_and_sigterm_alone_saves_and_exits(
     slurm: Path, tmp_path: Path, shards: Path
 ) -> None:
-    job, run = _submit_tiny(tmp_path, shards, slurm, 1, "train.steps=200", "train.max_requeues=0")
+    # A loader worker, as users run: scancel's SIGTERM reaches it too (it used to die of it).
+    steps = ["train.steps=200", "train.max_requeues=0", "data.num_workers=1"]
+    job, run = _submit_tiny(tmp_path, shards, slurm, 1, *steps)
     _wait_for_step(job, run, 2)
     subprocess.run(["scancel", "--signal=TERM", job.job_id], check=True)  # as a preemption
     deadline = time.monotonic() + JOB_TIMEOUT_S
@@ -459,7 +462,7 @@ def test_requeues_are_bounded_and_sigterm_alone_saves_and_exits(
     assert "requeued" not in log, log
 
     # Resubmitted, it resumes; then SIGUSR2 finds the requeue budget (0) spent.
-    job, run = _submit_tiny(tmp_path, shards, slurm, 1, "train.steps=200", "train.max_requeues=0")
+    job, run = _submit_tiny(tmp_path, shards, slurm, 1, *steps)
     _wait_for_step(job, run, first + 2)
     job._interrupt(timeout=True)  # SIGUSR2 only, as before the time limit
     with pytest.raises(submitit.core.utils.FailedJobError, match="not requeued: it ran 1 times"):
