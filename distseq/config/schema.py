@@ -234,10 +234,10 @@ class HeadConfig:
         )
         _check(self.hidden >= 1, "model.head.hidden", self.hidden, "must be >= 1")
         _check(
-            self.chrono_frames == 0 or (self.chrono_frames >= 2 and self.kind in RNNS),
+            self.chrono_frames == 0 or self.chrono_frames >= 2,
             "model.head.chrono_frames",
             self.chrono_frames,
-            "must be 0, or >= 2 with an RNN (model.head.kind lstm or gru)",
+            "must be 0, or >= 2",
         )
         _check(self.layers >= 1, "model.head.layers", self.layers, "must be >= 1")
         _check(0.0 <= self.dropout < 1.0, "model.head.dropout", self.dropout, "must be in [0, 1)")
@@ -252,23 +252,26 @@ class HeadConfig:
             self.attention_heads,
             f"must be >= 1 and divide model.head.hidden={self.hidden}",
         )
-        # An option of one kind given to another is a mistake, not a no-op.
+
+    def misplaced(self) -> list[str]:
+        """The options set for a head kind other than this one, each as ``key=value (kinds)``:
+        a mistake, not a no-op. The config names them all at once (``Config``), with the memory
+        keys of another head, so that switching a config's head takes one run, not one a key."""
         default = HeadConfig.__dataclass_fields__
+        found = []
         for key, owners in (
             ("bidirectional", RNNS),
+            ("chrono_frames", RNNS),
             ("causal", STATELESS),
             ("stages", (Temporal.mstcn.value,)),
             ("window", (Temporal.transformer.value,)),
             ("attention_heads", (Temporal.transformer.value,)),
         ):
             value = getattr(self, key)
-            _check(
-                value == default[key].default or self.kind in owners,
-                f"model.head.{key}",
-                value,
-                f"is for model.head.kind {' or '.join(owners)}, not {self.kind}"
-                + (" (an RNN is causal unless bidirectional)" if key == "causal" else ""),
-            )
+            if value != default[key].default and self.kind not in owners:
+                why = "; an RNN is causal unless bidirectional" if key == "causal" else ""
+                found.append(f"model.head.{key}={value!r} ({' or '.join(owners)}{why})")
+        return found
 
 
 @dataclass
@@ -538,9 +541,13 @@ class Config:
             f"carries a head's state across windows, and model.head.kind={self.model.head.kind} "
             "carries none: give it whole videos (data.window=0) or windows",
         )
+        misplaced = self.model.head.misplaced()
+        tbptt = self.memory.tbptt_frames
+        if tbptt and self.model.head.kind not in RNNS:
+            misplaced.append(f"memory.tbptt_frames={tbptt} ({' or '.join(RNNS)})")
         _check(
-            not self.memory.tbptt_frames or self.model.head.kind in RNNS,
-            "memory.tbptt_frames",
-            self.memory.tbptt_frames,
-            "truncates distseq's RNN (model.head.kind lstm or gru), not another head",
+            not misplaced,
+            "model.head.kind",
+            self.model.head.kind,
+            f"these keys are for another head, unset them: {', '.join(misplaced)}",
         )

@@ -161,8 +161,8 @@ def test_a_window_cut_anywhere_gives_its_inner_frames_the_whole_videos_outputs(n
         (["model.head.kind=mstcn", "model.head.bidirectional=true"], "model.head.bidirectional"),
         (["model.head.kind=gru", "model.head.causal=true"], "model.head.causal"),
         (["model.head.kind=mstcn", "memory.tbptt_frames=8"], "memory.tbptt_frames"),
-        (["model.head.kind=lstm", "model.head.stages=2"], "model.head.stages=2: is for"),
-        (["model.head.kind=mstcn", "model.head.window=64"], "model.head.window=64: is for"),
+        (["model.head.kind=lstm", "model.head.stages=2"], "model.head.stages=2 \\(mstcn\\)"),
+        (["model.head.kind=mstcn", "model.head.window=64"], "model.head.window=64 \\(transf"),
         (["model.head.kind=none", "model.head.causal=true"], "model.head.causal"),
         (["model.head.kind=transformer", "data.ordered=true"], "data.ordered"),
         (["model.head.kind=tcn"], "model.head.kind"),
@@ -172,3 +172,20 @@ def test_a_head_option_out_of_range_is_one_line_naming_it(overrides: list[str], 
     with pytest.raises(ConfigError, match=key) as e:
         load_config(None, ["data.train=s/x.tar", *overrides])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["mstcn", "transformer", "usernets:make_head"])
+def test_a_switch_from_an_rnn_names_every_key_left_for_it_in_one_line(kind: str) -> None:
+    """The RNN config's own keys, left behind when its head is switched: one run names them all
+    (it took one run a key)."""
+    rnn = [
+        "model.head.chrono_frames=300",
+        "memory.tbptt_frames=64",
+        "model.head.bidirectional=false",
+    ]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["data.train=s/x.tar", *rnn, f"model.head.kind={kind}"])
+    assert str(e.value) == (
+        f"config key model.head.kind={kind!r}: these keys are for another head, unset them: "
+        "model.head.chrono_frames=300 (lstm or gru), memory.tbptt_frames=64 (lstm or gru)"
+    )

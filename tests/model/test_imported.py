@@ -122,7 +122,9 @@ def test_args_without_an_import_path_and_distseq_s_own_arguments_are_refused(net
         build_model(
             config("usernets:make_cnn", "usernets:make_head", head_args={"num_classes": 2}), 3
         )
-    with pytest.raises(ConfigError, match=r"memory\.tbptt_frames.*not another head"):
+    with pytest.raises(
+        ConfigError, match=r"for another head.*memory\.tbptt_frames=4 \(lstm or gru\)"
+    ):
         load_config(None, ["model.head.kind=usernets:make_head", "memory.tbptt_frames=4"])
 
 

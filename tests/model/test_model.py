@@ -11,7 +11,7 @@ import torchvision
 from torch import nn
 
 from conftest import random_batch, tiny_model
-from distseq.config import BackboneConfig, HeadConfig, Norm
+from distseq.config import BackboneConfig, HeadConfig, Norm, load_config
 from distseq.errors import ConfigError
 from distseq.model.backbone import build_backbone
 from distseq.model.head import Carry, build_head
@@ -176,8 +176,10 @@ def test_chrono_initialisation_opens_the_keep_gate(kind: str) -> None:
 
 
 def test_chrono_needs_an_rnn() -> None:
-    with pytest.raises(ConfigError, match=r"model\.head\.chrono_frames"):
-        HeadConfig(kind="none", chrono_frames=300)
+    with pytest.raises(ConfigError, match=r"model\.head\.chrono_frames=300 \(lstm or gru\)"):
+        load_config(None, ["model.head.kind=none", "model.head.chrono_frames=300"])
+    with pytest.raises(ConfigError, match=r"model\.head\.chrono_frames=1: must be 0, or >= 2"):
+        HeadConfig(kind="lstm", chrono_frames=1)
 
 
 def test_the_tiny_cnn_has_no_torchvision_weights() -> None:
