@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from distseq.memory.chunked import ChunkedModel
     from distseq.memory.measure import peak_memory
     from distseq.memory.plan import Plan
-    from distseq.model.head import Carry
+    from distseq.model.head import Carry, last_stage
     from distseq.parallel import (
         DistInfo,
         average_batchnorm_stats,
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "ChunkedModel": "distseq.memory.chunked",
     "Carry": "distseq.model.head",
+    "last_stage": "distseq.model.head",
     "Recompute": "distseq.config",
     "Plan": "distseq.memory.plan",
     "save_plan": "distseq.memory.budget",
@@ -73,6 +74,7 @@ __all__ = [
     "average_batchnorm_stats",
     "close_distributed",
     "init_distributed",
+    "last_stage",
     "load_plan",
     "parallelize",
     "param_groups",
@@ -86,6 +88,12 @@ def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'distseq' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names with the module's own: what ``dir(distseq)`` and tab completion list,
+    though most load only on first use."""
+    return sorted({*globals(), *__all__})
 
 
 def plan_memory(

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from distseq.config import ParallelMode, Precision
-from distseq.errors import ConfigError
+from distseq.errors import ConfigError, ModelError
 from distseq.model.norms import batchnorms
 from distseq.model.video import FeatureModel, VideoModel
 
@@ -205,10 +205,13 @@ E = TypeVar("E", bound=Enum)
 
 
 def _choice(enum: type[E], value: E | str, name: str) -> E:
+    """``value`` of the argument ``name`` as ``enum``'s member. A bad one is the caller's
+    ModelError, as a bad ``recompute=`` is ChunkedModel's: ``distseq train`` checks its config's
+    values before they get here."""
     try:
         return enum(value)
     except ValueError:
-        raise ConfigError(f"{name}={value!r}: must be one of {[e.value for e in enum]}") from None
+        raise ModelError(f"{name}={value!r}: must be one of {[e.value for e in enum]}") from None
 
 
 def parallelize(
@@ -229,10 +232,10 @@ def parallelize(
     FSDP2 shards the head as one unit and the rest, the backbone and the chunk loop, as the root:
     the backbone's parameters are gathered once a step, however many chunks run.
     """
-    mode = _choice(ParallelMode, mode, "parallel.mode")
-    precision = _choice(Precision, precision, "parallel.precision")
+    mode = _choice(ParallelMode, mode, "mode")
+    precision = _choice(Precision, precision, "precision")
     if precision is Precision.bf16 and mode is not ParallelMode.fsdp:
-        raise ConfigError(f"parallel.precision=bf16 needs parallel.mode=fsdp, not {mode.value}")
+        raise ModelError(f"precision='bf16' needs mode='fsdp', not {mode.value!r}")
     info = info or init_distributed()
     model.to(info.device)
     if not dist.is_initialized():

@@ -64,6 +64,8 @@ def test_every_public_name_resolves_and_is_documented() -> None:
         assert f"`{name}" in page or f"distseq.{name}" in page, f"{name} not in docs/library.md"
     with pytest.raises(AttributeError):
         distseq.NoSuchName  # noqa: B018
+    # Tab completion reads dir(): the public names load on first use, and are listed before it.
+    assert set(distseq.__all__) <= set(dir(distseq)), set(distseq.__all__) - set(dir(distseq))
 
 
 @pytest.mark.parametrize("head", ["tcn", "lstm"])
@@ -211,6 +213,30 @@ BAD = {
     "frames": (lambda: _with(frames="uint16"), None, "frames='uint16'"),
     "normalize": (lambda: _with(normalize=(0.5, 0.5)), None, r"None or \(mean, std\)"),
     "channels": (lambda: _with(normalize=((0.5,), (0.5,))), _run, "3 channels .* has 1 means"),
+    "no mask": (_tcn, lambda m, f, k: m(f, None), r"mask=None: .*torch\.ones\(B, T, dtype"),
+    "numpy frames": (_tcn, lambda m, f, k: m(f.numpy(), k), "type numpy.ndarray: .*from_numpy"),
+    "[B, C, T, H, W]": (
+        _tcn,
+        lambda m, f, k: m(f.transpose(1, 2), k),
+        r"shape \[2, 3, 13, 16, 16\] .* laid out \[B, C, T, H, W\]",
+    ),
+    "float in [0, 255]": (
+        lambda: _with(frames="float"),
+        lambda m, f, k: m(f.float(), k),
+        "float frames up to 255, but this model takes float frames in .0, 1.",
+    ),
+    "chunk_frames=2.5": (lambda: _with(chunk_frames=2.5), None, "chunk_frames=2.5, .*int"),
+    "chunk_frames='8'": (lambda: _with(chunk_frames="8"), None, "chunk_frames='8', .*int"),
+    "parallelize mode": (
+        _tcn,
+        lambda m, f, k: distseq.parallelize(m, "fsdp2"),
+        r"^mode='fsdp2': must be one of \['fsdp', 'ddp', 'none'\]$",
+    ),
+    "bf16 with ddp": (
+        _tcn,
+        lambda m, f, k: distseq.parallelize(m, "ddp", "bf16"),
+        r"^precision='bf16' needs mode='fsdp', not 'ddp'$",
+    ),
 }
 
 

@@ -159,6 +159,12 @@ class ChunkedModel(VideoModel):
             raise ModelError(
                 f"recompute={recompute!r}: must be one of {[r.value for r in Recompute]}"
             )
+        counts = (chunk_frames, keep_frames)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+            raise ModelError(
+                f"chunk_frames={chunk_frames!r}, keep_frames={keep_frames!r}: both are whole "
+                "numbers of frames (int)"
+            )
         if chunk_frames < 1 or keep_frames < 0:
             raise ModelError(
                 f"chunk_frames={chunk_frames}, keep_frames={keep_frames}: chunk_frames must be "

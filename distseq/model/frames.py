@@ -16,6 +16,9 @@ import torch
 
 from distseq.errors import ModelError
 
+# The largest float frame value taken as [0, 1]: resizing overshoots 1 a little, and frames in
+# [0, 255] reach far beyond it.
+FLOAT_MAX = 2.0
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -69,11 +72,29 @@ class FrameInput:
         """The ``normalize=`` that gives this contract back."""
         return None if self.mean is None or self.std is None else (self.mean, self.std)
 
-    def check(self, frames: torch.Tensor, mask: torch.Tensor) -> None:
-        """Refuse, in one line naming the shape or dtype, frames this model does not take."""
+    def check(self, frames: object, mask: object) -> None:
+        """Refuse, in one line naming the type, shape, dtype or range, frames this model does not
+        take."""
+        if not isinstance(frames, torch.Tensor):
+            raise ModelError(
+                f"frames of type {_type(frames)}: a video model takes a torch.Tensor "
+                "[B, T, C, H, W] (torch.from_numpy(frames) for a numpy array)"
+            )
+        if not isinstance(mask, torch.Tensor):
+            given = "mask=None" if mask is None else f"mask of type {_type(mask)}"
+            raise ModelError(
+                f"{given}: a video model takes a bool tensor [B, T], True "
+                "where a frame is real (torch.ones(B, T, dtype=torch.bool) where none is padding)"
+            )
         if frames.dim() != 5:
             raise ModelError(
                 f"frames of shape {list(frames.shape)}: a video model takes [B, T, C, H, W]"
+            )
+        if mask.shape != frames.shape[:2] and mask.shape == frames.shape[0:3:2]:
+            raise ModelError(
+                f"frames of shape {list(frames.shape)} with a mask of shape {list(mask.shape)}: "
+                "the frames are laid out [B, C, T, H, W], and a video model takes "
+                "[B, T, C, H, W] (frames.transpose(1, 2))"
             )
         if mask.shape != frames.shape[:2] or mask.dtype != torch.bool:
             raise ModelError(
@@ -97,6 +118,19 @@ class FrameInput:
                 f"frames with {channels} channels (shape {list(frames.shape)}), but normalize "
                 f"has {len(self.mean)} means and stds"
             )
+        # Float frames in [0, 255] run without an error and train a worse model (outputs 35%
+        # off in one user's report): refused where a normalisation expects [0, 1]. The max is one
+        # read of the frames: 0.26 ms of a 12.6 s ResNet-18 + LSTM step over 64 frames of 112 px
+        # (one CPU thread, measured side by side), 40 ms for 500 frames of 224 px.
+        if self.dtype == "float" and self.mean is not None and frames.numel():
+            top = float(frames.amax())
+            if top > FLOAT_MAX:
+                raise ModelError(
+                    f"float frames up to {top:g}, but this model takes float frames in [0, 1] "
+                    "and then normalises them: divide them by 255, give uint8 frames to a model "
+                    "built with frames='uint8', or build it with normalize=None to give the CNN "
+                    "the frames as they are"
+                )
 
     def buffers(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``mean`` and ``std`` as [1, C, 1, 1] tensors on ``device``, for :meth:`to_cnn`."""
@@ -133,6 +167,15 @@ class FrameInput:
         else:
             x = torch.rand(tuple(shape), generator=generator)
         return x.to(device)
+
+
+def _type(value: object) -> str:
+    kind = type(value)
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
 
 
 UINT8_IMAGENET = FrameInput()  # the default: uint8 frames, ImageNet's normalisation
