@@ -18,11 +18,16 @@ import torch.nn.functional as F
 
 from distseq.config import LossConfig
 from distseq.data.format import Manifest
-from distseq.errors import ConfigError
+from distseq.errors import ConfigError, ModelError
 
 
 class Loss:
-    def __init__(self, cfg: LossConfig, weights: list[float] | None) -> None:
+    """``classes``: the data's class count, which the logits must have (None: not checked)."""
+
+    def __init__(
+        self, cfg: LossConfig, weights: list[float] | None, classes: int | None = None
+    ) -> None:
+        self.classes = classes
         self.smoothing = cfg.smoothing
         self.clip = cfg.smoothing_clip
         self.weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
@@ -44,6 +49,14 @@ class Loss:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The weighted cross-entropy's and the smoothing term's sums over the micro-batch,
         summed over the stages of ``logits`` [B, T, K] or [S, B, T, K]."""
+        # A head of the user's own that ignores num_classes trained silently (a [B, T, 1] head on
+        # 2 classes to loss 0.0000, 5 extra classes without a word): refused at the first step.
+        if self.classes is not None and logits.shape[-1] != self.classes:
+            raise ModelError(
+                f"the head returns {logits.shape[-1]} class scores a frame (logits of shape "
+                f"{list(logits.shape)}), and the data has {self.classes} classes: a head's last "
+                "dimension is the data's class count, given to a head's factory as num_classes"
+            )
         stages = logits.float() if logits.dim() == 4 else logits.float()[None]
         weights = None if self.weights is None else self.weights.to(logits.device)
         ce = logits.new_zeros((), dtype=torch.float32)
@@ -79,9 +92,10 @@ def build_loss(cfg: LossConfig, manifest: Manifest, train_shards: Iterable[str])
     k = manifest.num_classes
     given = cfg.class_weights
     if given == "none":
-        return Loss(cfg, None)
+        return Loss(cfg, None, k)
     if given == "median_frequency":
-        return Loss(cfg, median_frequency(manifest.label_counts(train_shards), manifest.classes))
+        counts = manifest.label_counts(train_shards)
+        return Loss(cfg, median_frequency(counts, manifest.classes), k)
     if len(given) != k:
         raise ConfigError(
             f"config key loss.class_weights has {len(given)} weights, but {manifest.path} has "
@@ -89,7 +103,7 @@ def build_loss(cfg: LossConfig, manifest: Manifest, train_shards: Iterable[str])
         )
     if not any(given):
         raise ConfigError("config key loss.class_weights: not every weight can be 0")
-    return Loss(cfg, [float(w) for w in given])
+    return Loss(cfg, [float(w) for w in given], k)
 
 
 def median_frequency(counts: list[int], classes: list[str]) -> list[float]:

@@ -14,7 +14,8 @@ from distseq.bench.heads import mstcn_code_loss
 from distseq.config import LossConfig, load_config
 from distseq.data.batch import IGNORE_INDEX, Batch
 from distseq.data.format import Manifest, ShardInfo
-from distseq.errors import ConfigError
+from distseq.errors import ConfigError, ModelError
+from distseq.train.loop import train
 from distseq.train.loss import Loss, build_loss, median_frequency
 from distseq.train.step import train_step
 
@@ -137,3 +138,48 @@ def test_class_weights_from_a_yaml_list(tmp_path: Path) -> None:
     path.write_text("data: {train: s/x.tar}\nloss: {class_weights: [1, 2.5], smoothing: 0.15}\n")
     cfg = load_config(path, [])
     assert cfg.loss.class_weights == [1, 2.5] and cfg.loss.smoothing == 0.15
+
+
+WRONG_HEADS = """
+from torch import nn
+
+class Scores(nn.Module):
+    def __init__(self, in_features, classes):
+        super().__init__()
+        self.fc = nn.Linear(in_features, classes)
+    def forward(self, feats, mask):
+        return self.fc(feats)
+
+def make_head(in_features, num_classes, classes):
+    return Scores(in_features, classes)  # num_classes ignored: the user's mistake
+"""
+
+
+@pytest.mark.parametrize("classes", [1, 8])
+def test_a_head_with_another_class_count_than_the_data_is_refused(
+    classes: int, shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's head that ignores num_classes: [B, T, 1] for the data's 3 classes trained to loss
+    0 and 5 extra trained without a word; one line naming both counts, at the first step."""
+    (tmp_path / "wrongheads.py").write_text(WRONG_HEADS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [
+        f"data.train={shards}/train-{{000000..000003}}.tar",
+        "data.val=",
+        "data.size=32",
+        "data.window=8",
+        "data.num_workers=0",
+        "model.backbone.name=tiny_cnn",
+        "model.head.kind=wrongheads:make_head",
+        f"model.head.args={{classes: {classes}}}",
+        "train.steps=2",
+        f"train.out_dir={tmp_path / 'run'}",
+    ]
+    with pytest.raises(ModelError) as e:
+        train(load_config(None, overrides))
+    assert str(e.value) == (
+        f"the head returns {classes} class scores a frame (logits of shape [2, 8, {classes}]), "
+        "and the data has 3 classes: a head's last dimension is the data's class count, given "
+        "to a head's factory as num_classes"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
