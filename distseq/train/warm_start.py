@@ -55,6 +55,11 @@ def warm_start(model: nn.Module, sources: list[str], say: Callable[[str], None])
                     f"{tuple(ours[key].shape)} in this model"
                 )
             taken[key] = tensor
+        if not taken:  # a run "from" a source that gives it nothing trains from scratch unseen
+            raise ConfigError(
+                f"train.init_from {entry}: this model takes none of its {len(theirs)} tensors "
+                f"({_groups(set(theirs))}); the model's own are {_groups(set(ours))}"
+            )
         model.load_state_dict(taken, strict=False)
         left = set(ours) - set(taken)
         unused = set(theirs) - set(ours)

@@ -49,6 +49,14 @@ def test_a_shape_that_differs_is_refused_naming_the_key(
         warm_start(build_model(cfg.model, 3), [str(earlier)], print)
 
 
+def test_a_source_that_gives_the_model_no_tensor_is_refused(earlier: Path) -> None:
+    # It printed "loaded 0 tensors" and trained from scratch, with exit 0.
+    with pytest.raises(ConfigError) as e:
+        warm_start(torch.nn.Linear(2, 3), [str(earlier)], print)
+    assert str(e.value).startswith(f"train.init_from {earlier}: this model takes none of its ")
+    assert str(e.value).endswith("; the model's own are bias (1), weight (1)")
+
+
 @pytest.mark.slow
 def test_a_new_run_starts_from_it_and_a_resume_does_not(
     earlier: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
