@@ -266,3 +266,32 @@ def test_an_old_spelling_names_the_new_one(
         main(argv)
     assert stop.value.code == 2
     assert capsys.readouterr().err == f"distseq: error: {argv[2]} is now {new}\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["predict", "RUN", "video.mp4"],
+        ["features", "RUN", "video.mp4"],
+        ["eval", "RUN"],
+        ["report", "RUN"],
+        ["shard", "videos/", "--labels", "labels/"],
+        ["demo"],
+        ["bench", "compare"],
+        ["bench", "gpu"],
+        ["bench", "recipes", "config.yaml"],
+    ],
+)
+@pytest.mark.parametrize("where", ["taken", "taken/below"])
+def test_an_out_folder_that_names_a_file_is_one_line(
+    argv: list[str], where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` at a file, or below one: mkdir's FileExistsError was a traceback. Refused before
+    the model or the inputs are read (here they do not exist)."""
+    (tmp_path / "taken").write_text("a file")
+    out = tmp_path / where
+    assert main([*argv, "--out", str(out)]) == 2
+    names = "it is" if where == "taken" else f"{tmp_path / 'taken'} is"
+    assert capsys.readouterr().err == (
+        f"distseq: error: --out {out}: {names} a file, not a folder; give a folder\n"
+    )

@@ -48,7 +48,7 @@ from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from distseq.bench.memory import CLASSES, bench_model, floor_bytes, random_sequence
 from distseq.config import Recompute
-from distseq.files import write_atomic
+from distseq.files import output_folder, write_atomic
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import peak_and_seconds
 from distseq.memory.plan import Plan
@@ -328,7 +328,7 @@ class CompareBench:
 
 def bench_compare(args: CompareBench) -> list[Row]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    out = Path(args.out)
+    out = output_folder(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     probes: dict[int, tuple[Probe, int]] = {}

@@ -26,7 +26,6 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
 
@@ -35,7 +34,7 @@ from distseq.bench.data import AUGMENT, pipeline, synthetic_shards
 from distseq.bench.traffic import TrafficBench, world_records
 from distseq.config import DataConfig, Recompute
 from distseq.errors import ConfigError
-from distseq.files import write_atomic
+from distseq.files import output_folder, write_atomic
 from distseq.memory.measure import fastest_seconds, peak_and_seconds
 from distseq.units import MIB
 
@@ -221,6 +220,7 @@ def table(lines: list[Line], title: str) -> str:
 
 
 def bench_gpu(opts: GpuBench) -> list[Line]:
+    out = output_folder(opts.out)
     if opts.dry_run:
         opts = replace(opts, **DRY_RUN)  # type: ignore[arg-type]
     cuda = torch.cuda.is_available()
@@ -250,7 +250,6 @@ def bench_gpu(opts: GpuBench) -> list[Line]:
     lines.append(_loader_line(opts, opts.frames / bf16.value))
     lines.append(Line("whole run", time.perf_counter() - start, "s"))
     text = table(lines, title)
-    out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "gpu.md", text + "\n")
     record = {

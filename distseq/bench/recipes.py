@@ -50,7 +50,7 @@ from distseq.config import (
 from distseq.data.tar import expand, shard_name
 from distseq.errors import ConfigError
 from distseq.evaluate.metrics import SEGMENT_METRICS
-from distseq.files import write_atomic
+from distseq.files import output_folder, write_atomic
 from distseq.infer.features import write_features
 from distseq.infer.predict import frame_recipe
 from distseq.parallel import close_distributed, init_distributed
@@ -473,8 +473,8 @@ def plot(results: list[Result], path: Path) -> None:
 
 
 def bench_recipes(args: RecipesBench) -> list[Row]:
+    out = output_folder(args.out)
     recipes = check_recipes(args)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # SIGTERM or SIGUSR2 (a preemption, a time limit) stops the training under way with a
     # checkpoint and its time recorded; run again, the bench goes on from there.

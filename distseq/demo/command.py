@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 
 from distseq.demo.three_ways import run_demo, table
+from distseq.files import output_folder
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> None:
+    output_folder(args.out)
     records = run_demo(args.out, args.overrides, args.train_sequences, args.val_sequences)
     if args.json:
         for record in records:

@@ -16,7 +16,7 @@ from distseq.evaluate.folds import folds_table, over_folds
 from distseq.evaluate.metrics import PROTOCOLS
 from distseq.evaluate.report import make_report
 from distseq.evaluate.scored_files import score_files
-from distseq.files import write_atomic
+from distseq.files import output_folder, write_atomic
 from distseq.parallel import DistInfo, close_distributed, init_distributed
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -105,6 +105,8 @@ def run_eval(args: argparse.Namespace) -> None:
         raise ConfigError("--mapping is for --predictions: a model knows its classes")
     if len(sources) > 1 and not args.out:
         raise ConfigError("several folds: pass --out, the folder of folds.json and each fold's")
+    if args.out:
+        output_folder(args.out)
     judging = Judging(args.relaxed_seconds, args.protocol, tuple(args.background))
     info = init_distributed()  # under torchrun, each model's videos are split across the ranks
     reports, names = [], []
@@ -153,6 +155,6 @@ def _score_folder(
 
 def run_report(args: argparse.Namespace) -> None:
     source = Path(args.run_dir)
-    out = Path(args.out) if args.out else source / "report"
+    out = output_folder(args.out) if args.out else source / "report"
     images = make_report(source, out, args.split)
     print(f"wrote {out / 'report.html'} with {len(images)} pictures")

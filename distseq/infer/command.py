@@ -11,6 +11,7 @@ from typing import TypeAlias
 from distseq.checkpoint.export import Loaded, load_model
 from distseq.config import Norm
 from distseq.errors import ConfigError
+from distseq.files import output_folder
 from distseq.infer.features import FORMATS, named_backbone, write_features
 from distseq.infer.predict import FrameRecipe, frame_recipe, predict_videos
 from distseq.parallel import close_distributed, init_distributed
@@ -83,6 +84,7 @@ def _model_and_frames(
 
 
 def run_predict(args: argparse.Namespace) -> None:
+    output_folder(args.out)
     loaded, how, chunk = _model_and_frames(args)
     info = init_distributed()
     try:
@@ -96,6 +98,7 @@ def run_predict(args: argparse.Namespace) -> None:
 
 
 def run_features(args: argparse.Namespace) -> None:
+    output_folder(args.out)
     named = None
     if args.backbone:  # no MODEL: the first positional is an input too
         args.inputs = [args.model, *args.inputs]

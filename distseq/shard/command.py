@@ -17,6 +17,7 @@ from distseq.data.format import JPEG_QUALITY, SPLITS, Manifest
 from distseq.data.label_text import read_mapping, read_video_list
 from distseq.data.sources import safe_stem
 from distseq.errors import ConfigError
+from distseq.files import output_folder
 from distseq.shard.released import DEFAULT_VIDEOS_PER_SHARD, import_release
 from distseq.shard.write import Options, shard_inputs
 
@@ -241,6 +242,7 @@ def parse_options(args: argparse.Namespace) -> Options:
 
 
 def run(args: argparse.Namespace) -> None:
+    output_folder(args.out)
     if args.released is not None:
         root, fold, out, per_shard = parse_released(args)
         done = import_release(root, fold, out, per_shard)
