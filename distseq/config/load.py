@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from distseq.config.schema import Config, init_source
+from distseq.config.schema import Config, ParamGroup, init_source
 from distseq.errors import ConfigError, first_line
 
 # Keys renamed since they were introduced: still read, with a notice, so old configs keep working.
@@ -85,6 +85,44 @@ def _one_as_list(conf: DictConfig) -> None:
             OmegaConf.update(conf, key, [value] if value != "" else [], merge=False)
 
 
+def _check_groups(conf: DictConfig, where: str) -> None:
+    """``optim.groups`` as given in ``where``, each group checked on its own so that an error
+    names it by its place (``optim.groups[1].lr_scale``): the config library said "AnyNode is
+    not a ListConfig" of a number, raised a TypeError of a mapping, and named a misspelt field
+    without its path."""
+    groups = OmegaConf.select(conf, "optim.groups")
+    if groups is None:
+        return
+    if not isinstance(groups, ListConfig):
+        raise ConfigError(
+            f"{where}: config key optim.groups={groups!r}: must be a list of groups, e.g. "
+            "[{prefix: backbone, lr_scale: 0.1}]"
+        )
+    for i, group in enumerate(groups):
+        key = f"optim.groups[{i}]"
+        if not isinstance(group, DictConfig):
+            raise ConfigError(
+                f"{where}: config key {key}={group!r}: must be a group, e.g. "
+                "{prefix: backbone, lr_scale: 0.1}"
+            )
+        fields = list(ParamGroup.__dataclass_fields__)
+        unknown = [str(name) for name in group if name not in fields]
+        if unknown:
+            raise ConfigError(
+                f"{where}: config key {key}.{unknown[0]}: not a field of a group; its fields: "
+                f"{', '.join(fields)}"
+            )
+        try:
+            OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ParamGroup), group))
+        except OmegaConfBaseException as e:
+            field = getattr(e, "full_key", None) or "?"
+            raise ConfigError(
+                f"{where}: config key {key}.{field}: {first_line(getattr(e, 'msg', e))}"
+            ) from None
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {str(e).replace('optim.groups.', key + '.', 1)}") from None
+
+
 def _dotlist(overrides: list[str]) -> list[str]:
     """Overrides as OmegaConf reads them; ``key=`` means the empty string, not null."""
     for item in overrides:
@@ -126,6 +164,7 @@ def load_config(
             raise ConfigError(f"config file {path}: expected a mapping of keys")
         _rename_old_keys(loaded, str(path), quiet)
         _one_as_list(loaded)
+        _check_groups(loaded, str(path))
         conf = loaded
     try:
         given = OmegaConf.from_dotlist(_dotlist(list(overrides)))
@@ -133,6 +172,7 @@ def load_config(
         raise ConfigError(f"overrides: {first_line(getattr(e, 'msg', e))}") from None
     _rename_old_keys(given, "overrides", quiet)
     _one_as_list(given)
+    _check_groups(given, "overrides")
     return _structured(OmegaConf.merge(conf, given))  # type: ignore[arg-type]
 
 
