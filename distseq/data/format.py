@@ -213,6 +213,20 @@ def check_kind(manifest: Manifest, features: bool) -> None:
         )
 
 
+def _not_a_shard_folder(folder: Path, key: str, setting: str) -> str:
+    """What a folder given as shards lacks: shards, or the index.json beside them."""
+    tars = len(list(folder.glob("*.tar")))
+    if not tars:
+        return (
+            f"{named(key)}: {folder} holds no shards (no .tar file and no index.json): make them "
+            "with distseq shard"
+        )
+    return (
+        f"{named(key)}: {folder} holds {tars} .tar files but no index.json: give them as "
+        f"'{folder}/*.tar' with their manifest in {setting}"
+    )
+
+
 def find_manifest(urls: str, manifest: str, key: str, setting: str = "data.manifest") -> Manifest:
     """Read ``manifest``, or, if empty, ``index.json`` beside the first of the shards ``urls``
     (config key ``key``, or a command's argument, named in errors; ``setting``: what sets the
@@ -229,6 +243,8 @@ def find_manifest(urls: str, manifest: str, key: str, setting: str = "data.manif
                     f"{named(key)}: remote shards ({urls}) need a manifest path ({setting})"
                 )
             folder = first.parent
+        elif not (folder / "index.json").exists():
+            raise ConfigError(_not_a_shard_folder(folder, key, setting))
         path = folder / "index.json"
     try:
         doc = json.loads(path.read_text())

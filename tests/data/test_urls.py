@@ -171,3 +171,19 @@ def test_a_folder_whose_index_json_lists_no_shards_is_not_a_shard_folder(tmp_pat
     assert not is_shard_folder(str(tmp_path))
     (tmp_path / "index.json").write_text('{"format": 1, "shards": {}}')
     assert is_shard_folder(str(tmp_path)) and not is_shard_folder(f"pipe:cat {tmp_path}")
+
+
+@pytest.mark.parametrize("tars", [0, 2])
+def test_a_folder_without_index_json_says_what_it_lacks(tars: int, tmp_path: Path) -> None:
+    # It said "manifest not found: .../index.json (set data.manifest)" of an empty folder.
+    for i in range(tars):
+        (tmp_path / f"train-{i:06d}.tar").write_bytes(b"")
+    with pytest.raises(ConfigError) as e:
+        find_manifest(str(tmp_path), "", "data.train")
+    lacks = (
+        "holds no shards (no .tar file and no index.json): make them with distseq shard"
+        if not tars
+        else f"holds 2 .tar files but no index.json: give them as '{tmp_path}/*.tar' with their "
+        "manifest in data.manifest"
+    )
+    assert str(e.value) == f"config key data.train: {tmp_path} {lacks}"
