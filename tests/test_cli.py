@@ -295,3 +295,24 @@ def test_an_out_folder_that_names_a_file_is_one_line(
     assert capsys.readouterr().err == (
         f"distseq: error: --out {out}: {names} a file, not a folder; give a folder\n"
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["predict", "{model}", "video.mp4", "--out", "p"],
+        ["features", "{model}", "video.mp4", "--out", "f"],
+        ["eval", "{model}"],
+        ["export", "{model}", "--out", "m.pt"],
+        ["report", "{model}"],
+    ],
+)
+@pytest.mark.parametrize("model", ["runs/typo", "model.pt"])
+def test_a_missing_model_exits_2_naming_it(
+    argv: list[str], model: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing file is a bad argument, exit 2 (docs/cli.md); it exited 1, as a broken run."""
+    path = tmp_path / model
+    assert main([a.format(model=path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"distseq: error: {path}: no such ") and err.count("\n") == 1, err

@@ -54,7 +54,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils._pytree import tree_leaves
 
 from distseq.config import Config, to_dict
-from distseq.errors import TrainingError, first_line
+from distseq.errors import ConfigError, TrainingError, first_line
 from distseq.files import write_atomic
 from distseq.model.head import RNNState, map_state
 from distseq.parallel import any_rank, barrier, rank_world, say
@@ -312,7 +312,13 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint directory from a run directory, its ``checkpoints/``, a ``latest`` pointer
-    or the checkpoint directory itself."""
+    or the checkpoint directory itself. A path that names nothing is the caller's mistake (exit
+    2, as a missing file is); one that names something else, no checkpoint there."""
+    if not path.exists():
+        raise ConfigError(
+            f"{path}: no such file or folder; give an exported model (.pt), a run directory, "
+            "its checkpoints/ or a step_N directory"
+        )
     if path.name == "latest" and path.is_file():
         path = path.parent
     if (path / "checkpoints").is_dir():

@@ -18,7 +18,7 @@ from distseq.checkpoint.export import load_checkpointed
 from distseq.data.format import find_manifest, load_manifest
 from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
-from distseq.errors import TrainingError
+from distseq.errors import ConfigError, TrainingError
 from distseq.evaluate.plots import confusion, curves
 from distseq.evaluate.validate import VALIDATION, probabilities_by_video
 from distseq.files import write_atomic
@@ -53,6 +53,8 @@ def _series(
 def make_report(run: Path, out: Path, split: str = "") -> list[Path]:
     """Write the PNGs and report.html into ``out``; returns the PNGs, in the page's order.
     ``split``: the shards of the ribbons and the confusion matrix; empty, the run's data.val."""
+    if not run.is_dir():
+        raise ConfigError(f"{run}: no such run directory")
     records = _records(run)
     out.mkdir(parents=True, exist_ok=True)
     made: list[tuple[str, Path]] = []
