@@ -82,7 +82,9 @@ def _check_features(sample: Sample, num_classes: int, stride: int, size: int) ->
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{where}: {key}.{FEATURES_MEMBER} is not a .npy array: {e}") from None
+        raise DataError(
+            f"{where}: {key}.{FEATURES_MEMBER} is not a .npy array: {npy_error(e)}"
+        ) from None
     if array.dtype != np.float16 or array.ndim != 2 or array.shape[1] != size:
         raise DataError(
             f"{where}: {key}.{FEATURES_MEMBER} is {array.dtype} {array.shape}, not float16 "
@@ -111,6 +113,15 @@ def _labels(sample: Sample, frames: int, num_classes: int) -> list[int]:
     if bad:
         raise DataError(f"{where}: label {bad[0]} outside the {num_classes} manifest classes")
     return labels
+
+
+def npy_error(error: Exception) -> str:
+    """Why numpy could not load a .npy, without its advice to load pickled data with
+    ``allow_pickle``: distseq never unpickles data, and does not tell users to."""
+    text = first_line(error)
+    return (
+        "it holds pickled Python objects, which distseq never loads" if "pickle" in text else text
+    )
 
 
 def bad_jpeg(where: str, number: int, error: Exception) -> DataError:

@@ -37,6 +37,7 @@ import numpy as np
 from torch import nn
 from tqdm import tqdm
 
+from distseq.data.decode import npy_error
 from distseq.data.format import (
     FEATURES_MEMBER,
     LABELS_MEMBER,
@@ -164,7 +165,7 @@ def _array_shape(path: Path) -> tuple[int, int]:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{path}: not a .npy array ({first_line(e)})") from None
+        raise DataError(f"{path}: not a .npy array ({npy_error(e)})") from None
     if not isinstance(array, np.ndarray):  # an .npz archive
         raise DataError(f"{path}: not a .npy array")
     if array.ndim != 2 or not np.issubdtype(array.dtype, np.floating):

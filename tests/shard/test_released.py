@@ -165,7 +165,11 @@ def _break(release: Release, case: str) -> tuple[str, int]:
     if case == "pickled":
         path = root / "features" / "rgb-02-2.npy"
         np.save(path, np.array([{"a": 1}] * 4, dtype=object), allow_pickle=True)
-        return f"{path}: not a .npy array", 1
+        return f"{path}: not a .npy array (Array can't be memory-mapped: Python objects", 1
+    if case == "random bytes":  # numpy reads them as pickled, and advised allow_pickle
+        path = root / "features" / "rgb-02-2.npy"
+        path.write_bytes(np.random.default_rng(0).bytes(300))
+        return f"{path}: not a .npy array (it holds pickled Python objects, which distseq ", 1
     if case == "feature size":
         path = root / "features" / "rgb-02-2.npy"
         np.save(path, np.zeros((F + 1, 4), np.float32))
@@ -189,6 +193,7 @@ CASES = [
     "not 2-D",
     "not float",
     "pickled",
+    "random bytes",
     "feature size",
     "in both bundles",
     "no fold",
@@ -205,6 +210,7 @@ def test_a_bad_release_is_one_line_and_nothing_is_written(
     assert do_import(release, out) == code
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and culprit in err, err
+    assert "allow_pickle" not in err  # distseq never unpickles, and never advises it
     assert not out.exists()
 
 
