@@ -256,14 +256,28 @@ def parallelize(
     mesh = init_device_mesh(info.device.type, (info.world,))
     _meshes.append(mesh)  # for close_distributed
     # The head is one unit (RNN + classifier): a batch_first nn.LSTM sharded on its own returns a
-    # transposed view, which FSDP2 warns about on every forward (an in-place op on such a view
-    # would skip the pre-backward all-gather). The head's output is a fresh tensor.
+    # transposed view, which FSDP2 warns about on every forward. The head's output is made a
+    # fresh tensor before FSDP2's own hook sees it: an nn.Linear over [B, T, F] returns a view,
+    # and an in-place op on the model's output (logits.masked_fill_(...), masking padding) then
+    # skipped the pre-backward all-gather and failed backward ("setStorage: ... storage of
+    # size 0"). The copy is the logits', B x T x K.
+    model.head.register_forward_hook(_fresh_output)
     fully_shard(model.head, mesh=mesh, mp_policy=mp)
     # The backbone's parameters belong to the root unit, the module that owns the chunk loop
     # (memory.ChunkedModel): they are gathered once per step, however many chunks and recomputes
     # run, and not resharded between forward and backward, which would gather them again.
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def _fresh_output(module: nn.Module, args: object, output: object) -> object:
+    """A forward hook: ``output`` with each tensor that is a view of another copied (a stateful
+    head's ``(logits, state)`` too), so that in-place ops after FSDP2's hooks are safe."""
+    if isinstance(output, torch.Tensor):
+        return output.clone() if output._base is not None else output
+    if isinstance(output, tuple):
+        return tuple(_fresh_output(module, args, item) for item in output)
+    return output
 
 
 @contextmanager

@@ -1,5 +1,6 @@
 """The model of own_model.py, sharded with FSDP2 across the ranks of torchrun, each rank
-training on its share of the videos: the same losses as one process on all of them.
+training on its share of the videos: the same losses as one process on all of them, though the
+videos differ in length (padding masked in place) and each rank holds another number of frames.
 
     torchrun --nproc_per_node=2 examples/fsdp_torchrun.py
     python examples/fsdp_torchrun.py            # one process, the same global batch
@@ -47,22 +48,31 @@ def main() -> None:
     shape = (args.videos, args.frames, 3, args.size, args.size)
     frames = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
     labels = torch.randint(0, 4, shape[:2], generator=g)
+    # Video v has T - v * T // 4 real frames, then padding: the ranks hold different numbers.
+    mask = (
+        torch.arange(args.frames)
+        < (args.frames - torch.arange(args.videos) * args.frames // 4)[:, None]
+    )
+    labels[~mask] = -100  # cross_entropy's ignore_index
     mine = slice(info.rank, None, info.world)  # this rank's videos
-    frames, labels = frames[mine].to(info.device), labels[mine].to(info.device)
-    mask = torch.ones(labels.shape, dtype=torch.bool, device=info.device)
+    frames, labels, mask = (x[mine].to(info.device) for x in (frames, labels, mask))
 
     for i in range(args.steps):
         optimizer.zero_grad()
-        # Each rank's mean over its frames; FSDP2 averages the gradients over the ranks, which
-        # is the global mean's gradient when every rank has as many frames.
-        loss = F.cross_entropy(model(frames, mask).flatten(0, 1), labels.flatten())
-        loss.backward()
-        optimizer.step()
-        mean = loss.detach() / info.world
+        logits = model(frames, mask)
+        # Padding's scores zeroed in place, a common way to mask them: parallelize makes the
+        # output a fresh tensor, so that FSDP2's backward hook survives it.
+        logits.masked_fill_(~mask[..., None], 0.0)
+        total = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+        # The global mean over real frames, not each rank's own mean: its sum over the frames of
+        # every rank, times the world, since FSDP2 averages the gradients over the ranks.
+        counts = torch.stack([total.detach(), mask.sum().to(total.dtype)])
         if dist.is_initialized():
-            dist.all_reduce(mean)  # gloo has no AVG
+            dist.all_reduce(counts)  # the sum over ranks and the frames of all ranks
+        (total * info.world / counts[1]).backward()
+        optimizer.step()
         if info.is_main:
-            print(f"step {i + 1}: loss {mean.item():.6f}", flush=True)
+            print(f"step {i + 1}: loss {(counts[0] / counts[1]).item():.6f}", flush=True)
     del model, optimizer
     distseq.close_distributed()
 
