@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import random_batch, tiny_model
+from conftest import random_batch, tiny_config, tiny_model
 from distseq.bench.heads import mstcn_code_loss
 from distseq.config import LossConfig, load_config
 from distseq.data.batch import IGNORE_INDEX, Batch
@@ -163,20 +163,9 @@ def test_a_head_with_another_class_count_than_the_data_is_refused(
     0 and 5 extra trained without a word; one line naming both counts, at the first step."""
     (tmp_path / "wrongheads.py").write_text(WRONG_HEADS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    overrides = [
-        f"data.train={shards}/train-{{000000..000003}}.tar",
-        "data.val=",
-        "data.size=32",
-        "data.window=8",
-        "data.num_workers=0",
-        "model.backbone.name=tiny_cnn",
-        "model.head.kind=wrongheads:make_head",
-        f"model.head.args={{classes: {classes}}}",
-        "train.steps=2",
-        f"train.out_dir={tmp_path / 'run'}",
-    ]
+    head = ["model.head.kind=wrongheads:make_head", f"model.head.args={{classes: {classes}}}"]
     with pytest.raises(ModelError) as e:
-        train(load_config(None, overrides))
+        train(load_config(tiny_config(tmp_path, shards), [*head, "data.val="]))
     assert str(e.value) == (
         f"the head returns {classes} class scores a frame (logits of shape [2, 8, {classes}]), "
         "and the data has 3 classes: a head's last dimension is the data's class count, given "
