@@ -147,7 +147,15 @@ def nodes_line(found: list[Node]) -> str:
 def is_collective_failure(error: BaseException) -> bool:
     """A collective that timed out or lost its peer (gloo, NCCL), as opposed to a bug."""
     text = str(error)
-    lost = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer")
+    # gloo's words for a peer gone, as they have changed: "Application timeout caused pair
+    # closure" came from an all-reduce while a link was down (seen once in CI, in a save).
+    lost = (
+        "Timed out",
+        "timed out",
+        "Application timeout",
+        "Connection closed by peer",
+        "Connection reset by peer",
+    )
     return isinstance(error, dist.DistError) or (
         isinstance(error, RuntimeError) and any(word in text for word in lost)
     )
