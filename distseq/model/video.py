@@ -9,6 +9,7 @@ the same (``backbone.conv1.weight``, ``head.rnn.weight_ih_l0``, ``head.classifie
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -50,6 +51,9 @@ class VideoModel(nn.Module):
         self.feature_dim = feature_dim  # None: learnt from the first frames the backbone sees
         self.stateful = is_stateful(head)
         self.backbone_frozen = False
+        # Under a sequence split (parallelize(..., sequence=S)): runs this rank's slice of the
+        # frames through features and returns every slice's; set by distseq.parallel alone.
+        self.split: Callable[[VideoModel, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self.input = FrameInput.of(frames, normalize)
         param = next(backbone.parameters(), None)
         if param is None:
@@ -81,7 +85,8 @@ class VideoModel(nn.Module):
         # a checkpoint with nothing to recompute for fails in fairscale's backward.
         still = self.backbone_frozen or not any(p.requires_grad for p in self.backbone.parameters())
         with torch.no_grad() if still else nullcontext():
-            feats = self.features(frames, mask)
+            split = self.split
+            feats = self.features(frames, mask) if split is None else split(self, frames, mask)
         return self.temporal(feats, mask, carry)
 
 

@@ -1,5 +1,6 @@
-"""parallel.py's reading of errors: which are a collective that lost its peer (the run then
-stops in one line naming the node that does not answer) and which are bugs (a traceback)."""
+"""distseq.parallel.network's reading of errors: which are a collective that lost its peer (the
+run then stops in one line naming the node that does not answer) and which are bugs (a
+traceback)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,169 @@
+"""One long video split across a sequence group of S ranks (``parallelize(..., sequence=S)``,
+``parallel.sequence``).
+
+Every rank of a group gets the group's whole batch. Each runs the CNN over its own contiguous
+slice of the frames, cut on chunk boundaries so that every chunk, and so every BatchNorm
+statistic, is the one a single process computes; the slices' features are gathered so that the
+temporal head, replicated on the group, runs over the whole sequence on every rank and every
+rank computes the group's loss in full. In backward no collective runs: each rank takes its own
+slice of the features' gradient, which is the same on every rank of the group, times S. DDP and
+FSDP2 then average the gradients over all D x S ranks: the head's are S equal copies per group,
+and the CNN's, S times each slice's share, sum to the group's whole gradient. Nothing is
+counted S times. docs/design.md ("A video split across ranks") has the costs and the choice.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from distseq.errors import ModelError
+from distseq.model.norms import batchnorms
+from distseq.model.video import VideoModel
+
+
+def slices(length: int, unit: int, size: int) -> list[tuple[int, int]]:
+    """The frames [start, stop) of each of ``size`` ranks for a ``length``-frame sequence run in
+    chunks of ``unit`` frames: contiguous, cut on chunk boundaries, their chunk counts differing
+    by one at most."""
+    chunks = -(-length // unit)
+    cuts = [i * chunks // size * unit for i in range(size + 1)]
+    return [(min(a, length), min(b, length)) for a, b in itertools.pairwise(cuts)]
+
+
+class _Gather(torch.autograd.Function):
+    """Every rank's features of its slice, [B, t_i, F], joined along time on every rank."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        local: torch.Tensor,
+        bounds: list[tuple[int, int]],
+        index: int,
+        group: dist.ProcessGroup,
+    ) -> torch.Tensor:
+        ctx.bounds, ctx.index, ctx.size = bounds, index, len(bounds)
+        width = max(b - a for a, b in bounds)
+        padded = torch.nn.functional.pad(local, (0, 0, 0, width - local.shape[1])).contiguous()
+        parts = [torch.empty_like(padded) for _ in bounds]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat([p[:, : b - a] for p, (a, b) in zip(parts, bounds, strict=True)], dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        a, b = ctx.bounds[ctx.index]
+        # Every rank of the group ran the same head over the same features: its gradient is the
+        # group's, so this slice's share needs no collective. Times S, because DDP and FSDP2
+        # average over every rank while only this one made these frames (module docstring).
+        return grad[:, a:b] * ctx.size, None, None, None
+
+
+class SequenceSplit:
+    """What a :class:`VideoModel` calls in place of its ``features`` under a sequence split:
+    this rank's slice through the CNN, every slice's features back."""
+
+    def __init__(self, model: VideoModel, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.index, self.size = group.rank(), group.size()
+        training_bn = [bn for bn in batchnorms(model.backbone) if bn.momentum is None]
+        if training_bn:
+            raise ModelError(
+                f"sequence={self.size}: a BatchNorm layer with momentum=None (a cumulative "
+                "average) cannot be joined across a sequence group; give it a momentum, freeze "
+                "it or use GroupNorm"
+            )
+
+    def __call__(self, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        length = frames.shape[1]
+        # A ChunkedModel's chunk (read at each call: a memory plan may change it), else a frame.
+        unit = getattr(model, "chunk_frames", None)
+        if unit is None and model.training and _updating(model):
+            raise ModelError(
+                f"sequence={self.size}: the backbone's BatchNorm statistics are taken over all "
+                "of a sequence's frames at once, which a split cannot give; run it in chunks "
+                "(ChunkedModel), freeze its BatchNorm (.eval()) or use GroupNorm"
+            )
+        unit = unit or 1
+        bounds = slices(length, unit, self.size)
+        a, b = bounds[self.index]
+        before = _bn_state(model)
+        if b > a:
+            local = model.features(frames[:, a:b], mask[:, a:b])
+        elif model.feature_dim is None:
+            raise ModelError(
+                f"sequence={self.size}: a {length}-frame sequence leaves this rank no frame, and "
+                "the backbone's feature size is not known yet: give feature_dim"
+            )
+        else:
+            dtype = next(model.backbone.parameters()).dtype
+            local = frames.new_zeros((frames.shape[0], 0, model.feature_dim), dtype=dtype)
+        if before:
+            _join_bn(before, mask, bounds, unit, self.index, self.group)
+        trained = [p for p in model.backbone.parameters() if p.requires_grad]
+        if torch.is_grad_enabled() and local.grad_fn is None and trained:
+            # A slice of padding alone runs no chunk, so here the CNN would get no gradient
+            # while the other ranks wait for this one's share (FSDP2's reduce-scatter, DDP's
+            # all-reduce; FSDP2 hung). A zero that depends on every parameter gives it zeros.
+            local = local + sum(p.sum() for p in trained) * 0
+        return _Gather.apply(local, bounds, self.index, self.group)
+
+
+def _updating(model: VideoModel) -> bool:
+    return any(bn.training for bn in batchnorms(model.backbone))
+
+
+_State = list[tuple[_BatchNorm, torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _bn_state(model: VideoModel) -> _State:
+    """The running statistics of the backbone's BatchNorm layers that this forward updates, as
+    they are before it. (A recompute does not come here: it runs the chunks, not the model.)"""
+    return [
+        (bn, bn.running_mean.clone(), bn.running_var.clone(), bn.num_batches_tracked.clone())  # type: ignore[union-attr]
+        for bn in batchnorms(model.backbone)
+        if bn.training
+    ]
+
+
+def _join_bn(
+    before: _State,
+    mask: torch.Tensor,
+    bounds: list[tuple[int, int]],
+    unit: int,
+    index: int,
+    group: dist.ProcessGroup,
+) -> None:
+    """Make each layer's running statistics those of one process that ran every chunk in order.
+
+    A chunk with a real frame updates r to (1 - m) r + m x. Rank i ran n_i such chunks from the
+    same r0: r_i = (1 - m)^n_i r0 + c_i. One process running them all in order ends at
+    (1 - m)^N r0 + sum_i (1 - m)^(chunks after rank i's) c_i: one all-reduce of every layer's
+    weighted c_i. Every rank has the whole mask, so each knows every n_i.
+    """
+    real = mask.any(0)
+    counts = [
+        sum(bool(real[s : min(s + unit, b)].any()) for s in range(a, b, unit)) for a, b in bounds
+    ]
+    total, after = sum(counts), sum(counts[index + 1 :])
+    parts = []
+    for bn, mean0, var0, _ in before:
+        decay = 1 - float(bn.momentum)  # type: ignore[arg-type]
+        for now, start in ((bn.running_mean, mean0), (bn.running_var, var0)):
+            assert now is not None
+            own = now - decay ** counts[index] * start
+            parts.append((own * decay**after).flatten())
+    flat = torch.cat(parts)
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for bn, mean0, var0, tracked0 in before:
+        decay = 1 - float(bn.momentum)  # type: ignore[arg-type]
+        for now, start in ((bn.running_mean, mean0), (bn.running_var, var0)):
+            assert now is not None
+            joined = flat[offset : offset + now.numel()].view_as(now)
+            now.copy_(decay**total * start + joined)
+            offset += now.numel()
+        bn.num_batches_tracked.copy_(tracked0 + total)  # type: ignore[union-attr]

@@ -1,0 +1,77 @@
+"""One long video's frames split across ranks (``parallelize(..., sequence=S)``): a user's own
+CNN and head, trained by a plain loop on torchrun ranks, end with the gradients, parameters and
+BatchNorm statistics of one process that runs each data-parallel group's batch whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import torchrun
+from workers.sequence_split import LR, STEPS, build, global_batch, loss_of
+
+TOL = 1e-5
+
+
+def reference(
+    norm: str, groups: int
+) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One process: each step's loss the mean of the groups' losses, each group's batch run
+    whole, as data parallelism averages them; returns the losses, the first step's gradients and
+    the state after the steps."""
+    model = build(norm)
+    frames, labels, mask = global_batch(groups)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    grads, losses = {}, []
+    for step in range(STEPS):
+        parts = [slice(2 * g, 2 * g + 2) for g in range(groups)]
+        loss = sum(loss_of(model, frames[p], labels[p], mask[p]) for p in parts) / groups
+        loss.backward()  # type: ignore[union-attr]
+        losses.append(float(loss.detach()))
+        if step == 0:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters()}  # type: ignore[union-attr]
+        opt.step()
+        opt.zero_grad()
+    return losses, grads, model.state_dict()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-12) -> float:
+    """The largest difference over the reference's largest value (or ``floor``, for a tensor
+    that is zero in exact arithmetic, such as a bias's gradient before a BatchNorm: ~1e-9)."""
+    return float((a - b).abs().max() / b.abs().max().clamp_min(floor))
+
+
+@pytest.mark.parametrize(
+    "ranks,cases",
+    [
+        (2, ["ddp:2:batchnorm", "fsdp:2:batchnorm"]),
+        (3, ["fsdp:3:batchnorm", "ddp:3:batchnorm"]),
+        (4, ["fsdp:2:groupnorm", "ddp:2:groupnorm"]),  # data 2 x sequence 2
+    ],
+)
+def test_a_split_video_trains_as_one_process(ranks: int, cases: list[str], tmp_path: Path) -> None:
+    records = torchrun("sequence_split", ranks, tmp_path, *cases)
+    for case in cases:
+        _, sequence, norm = case.split(":")
+        groups = ranks // int(sequence)
+        ref_losses, ref_grads, ref_state = reference(norm, groups)
+        name = case.replace(":", "_")
+        outs = [
+            torch.load(tmp_path / f"out_{name}_{r}.pt", weights_only=True) for r in range(ranks)
+        ]
+        floor = 1e-2 * max(float(g.abs().max()) for g in ref_grads.values())
+        for n, ref in ref_grads.items():
+            assert rel(outs[0]["grads"][n], ref, floor) < TOL, (case, n)
+        for k, ref in ref_state.items():
+            for out in outs:
+                # With more than one group, each group's BatchNorm statistics follow its own
+                # batch, as under any data parallelism; GroupNorm has none.
+                assert rel(out["state"][k].float(), ref.float()) < TOL, (case, k)
+        # Every rank of a group computes the group's loss; their mean over groups is the world's.
+        s = int(sequence)
+        assert all(r[case] == records[i // s * s][case] for i, r in enumerate(records)), case
+        losses = torch.tensor([records[g * s][case] for g in range(groups)])
+        mean = losses.mean(0).tolist()
+        assert mean == pytest.approx(ref_losses, rel=1e-5), case

@@ -1,0 +1,89 @@
+"""One rank of a user's own CNN (BatchNorm) and LSTM head, each sequence split across a group
+of ranks through the public API (``distseq.parallelize(..., sequence=S)``), trained by a plain
+loop: two SGD steps of the mean cross-entropy of the group's batch.
+
+argv: cases ``MODE:S:NORM`` (e.g. ``ddp:2:batchnorm fsdp:2:groupnorm``), run one after the other
+in this one process group. Writes out_<case>_<rank>.pt: the first step's gradients, the
+parameters and BatchNorm statistics after the steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+import distseq
+from conftest import report
+
+CHUNK, STEPS, LR, CLASSES = 4, 2, 0.05, 3
+# 13 frames in chunks of 4 (4, 4, 4, 1): S=2 takes frames 0-7 and 8-12, S=3 0-3, 4-7 and 8-12.
+# The second group's videos end by frame 8: under S=2 its second rank's slice is padding alone.
+LENGTHS = [13, 9, 7, 5]
+NORMS: dict[str, Callable[[int], torch.nn.Module]] = {
+    "batchnorm": torch.nn.BatchNorm2d,
+    "groupnorm": lambda c: torch.nn.GroupNorm(4, c),
+}
+
+
+def build(norm: str) -> distseq.ChunkedModel:
+    from own_model import LSTMHead, small_cnn
+
+    torch.manual_seed(0)
+    return distseq.ChunkedModel(
+        small_cnn(16, NORMS[norm]), LSTMHead(16, CLASSES, 8), feature_dim=16, chunk_frames=CHUNK
+    )
+
+
+def global_batch(groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two videos a data-parallel group: frames, labels, mask."""
+    b, t = 2 * groups, max(LENGTHS)
+    g = torch.Generator().manual_seed(1)
+    frames = torch.randint(0, 256, (b, t, 3, 16, 16), generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, CLASSES, (b, t), generator=g)
+    mask = torch.arange(t) < torch.tensor(LENGTHS[:b])[:, None]
+    return frames, labels, mask
+
+
+def loss_of(model: torch.nn.Module, frames, labels, mask) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return F.cross_entropy(model(frames, mask)[mask], labels[mask])
+
+
+def main() -> None:
+    info = distseq.init_distributed()
+    losses = {}
+    for case in sys.argv[1:]:
+        mode, sequence, norm = case.split(":")
+        losses[case] = run(mode, int(sequence), norm, info, case.replace(":", "_"))
+    report(losses)
+    distseq.close_distributed()
+
+
+def run(mode: str, sequence: int, norm: str, info: distseq.DistInfo, name: str) -> list[float]:
+    model = distseq.parallelize(build(norm), mode, "fp32", info, sequence=sequence)
+    rank, groups = info.data_rank(sequence)
+    frames, labels, mask = (x[2 * rank : 2 * rank + 2] for x in global_batch(groups))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    grads, losses = {}, []
+    for step in range(STEPS):
+        loss = loss_of(model, frames, labels, mask)
+        loss.backward()
+        if step == 0:
+            for n, p in getattr(model, "module", model).named_parameters():
+                assert p.grad is not None, n
+                grads[n] = (
+                    p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                ).clone()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    torch.save({"state": state, "grads": grads}, f"out_{name}_{info.rank}.pt")
+    return losses
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The sequence split's arithmetic and its refusals, without a process group (the split itself,
+on torchrun ranks: tests/integration/test_sequence.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import distseq
+from distseq.model.video import FeatureModel
+from distseq.parallel.sequence import slices
+from own_model import LSTMHead, small_cnn
+
+
+@pytest.mark.parametrize(
+    "length,unit,size,expected",
+    [
+        (13, 4, 2, [(0, 8), (8, 13)]),  # chunks 4, 4 | 4, 1
+        (13, 4, 3, [(0, 4), (4, 8), (8, 13)]),
+        (16, 4, 4, [(0, 4), (4, 8), (8, 12), (12, 16)]),
+        (5, 4, 3, [(0, 0), (0, 4), (4, 5)]),  # fewer chunks than ranks: one rank has none
+        (7, 1, 2, [(0, 3), (3, 7)]),  # a plain VideoModel: cut anywhere
+    ],
+)
+def test_slices_are_contiguous_cut_on_chunks_and_cover_the_sequence(
+    length: int, unit: int, size: int, expected: list[tuple[int, int]]
+) -> None:
+    got = slices(length, unit, size)
+    assert got == expected
+    assert all(a % unit == 0 for a, _ in got)
+
+
+def model() -> distseq.ChunkedModel:
+    return distseq.ChunkedModel(small_cnn(16), LSTMHead(16, 3, 8), feature_dim=16)
+
+
+@pytest.mark.parametrize(
+    "sequence,says",
+    [
+        (2, "sequence=2 does not divide the 1 ranks of this group"),
+        (0, "sequence=0: a whole number of ranks >= 1"),
+        ("2", "sequence='2': a whole number of ranks >= 1"),
+    ],
+)
+def test_a_bad_sequence_is_one_line(sequence: object, says: str) -> None:
+    with pytest.raises(distseq.ModelError, match=says):
+        distseq.parallelize(model(), "ddp", sequence=sequence)  # type: ignore[arg-type]
+
+
+def test_a_model_without_a_cnn_has_nothing_to_split() -> None:
+    features = FeatureModel(LSTMHead(16, 3, 8), 16)  # the head over stored features
+    with pytest.raises(distseq.ModelError, match="FeatureModel runs no CNN"):
+        distseq.parallelize(features, "ddp", sequence=2)
+
+
+def test_sequence_one_is_no_split() -> None:
+    m = distseq.parallelize(model(), "ddp", sequence=1)
+    assert isinstance(m, distseq.ChunkedModel) and m.split is None
