@@ -68,7 +68,9 @@ def say(text: str, file: TextIO | None = None) -> None:
         out.flush()
 
 
-def device_mesh(device: torch.device, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+def device_mesh(
+    device: torch.device, shape: tuple[int, ...], names: tuple[str, ...] | None = None
+) -> DeviceMesh:
     """A mesh over the whole group, kept so that :func:`close_distributed` can free it."""
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     _meshes.append(mesh)

@@ -90,7 +90,7 @@ def parallelize(
     mp = MixedPrecisionPolicy(
         param_dtype=_param_dtype(precision, info.device), reduce_dtype=torch.float32
     )
-    mesh = device_mesh(info.device, (info.world,), ("world",))
+    mesh = device_mesh(info.device, (info.world,))
     # The head is one unit (RNN + classifier): a batch_first nn.LSTM sharded on its own returns a
     # transposed view, which FSDP2 warns about on every forward. The head's output is made a
     # fresh tensor before FSDP2's own hook sees it: an nn.Linear over [B, T, F] returns a view,
