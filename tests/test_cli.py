@@ -31,6 +31,8 @@ from streams import N_TRAIN, sequences_of
         ("memory.budget=1GB memory.keep_frames=8", "memory.keep_frames"),
         ("memory.budget=0.5", "memory.budget"),  # a fraction of a GPU, on the CPU
         ("memory.budget=200KB", "memory.budget"),  # below the floor: found by the probe
+        ("parallel.sequence=0", "parallel.sequence"),
+        ("parallel.sequence=2", "parallel.sequence"),  # one process: S does not divide it
     ],
 )
 def test_config_errors_name_the_key_and_exit_2(

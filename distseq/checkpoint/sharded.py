@@ -100,6 +100,7 @@ class Resumed:
     path: Path
     position: Position
     world: int  # ranks that saved it
+    sequence: int  # the ranks of each of its sequence groups (parallel.sequence)
     metrics: dict[str, float]  # as at the saved step
 
 
@@ -197,6 +198,7 @@ def save_checkpoint(
             "format": FORMAT,
             "position": vars(position),
             "world": world,
+            "sequence": state.config.parallel.sequence,
             "schedule": state.schedule.state_dict(),
             "classes": state.classes,
             "config": to_dict(state.config),
@@ -426,45 +428,54 @@ def restore_training(path: Path, state: TrainState) -> Resumed:
     state.schedule.load_state_dict(meta["schedule"])
     position = Position(**meta["position"])
     say(f"distseq: resuming from {path} at step {position.step}", sys.stderr)
-    return Resumed(path, position, meta["world"], meta["metrics"])
+    sequence = meta.get("sequence", 1)  # saved before parallel.sequence: 1
+    return Resumed(path, position, meta["world"], sequence, meta["metrics"])
 
 
-def read_rank_state(resumed: Resumed) -> RankState:
+def read_rank_state(resumed: Resumed, sequence: int = 1) -> RankState:
     """This rank's part of the checkpoint; apply its RNG states with :func:`restore_rng`.
 
-    A rank the saving run did not have (more ranks now than then) gets an empty state and will
-    re-seed deterministically from (seed, rank, step). With another world size the data each
-    rank reads differs anyway, so such a run continues sensibly but is not the run that was
-    saved; it starts its RNN states afresh.
+    Ranks are counted as data-parallel ranks, those that take batches of their own: the ranks
+    of a sequence group (``sequence`` now, ``resumed.sequence`` then) read the same batches, so
+    a run saved at one sequence size resumes at another as the same run, each rank taking the
+    state of the saving run's first rank of its data-parallel rank. A data-parallel rank the
+    saving run did not have (more now than then) gets an empty state and will re-seed
+    deterministically from (seed, rank, step). With another data-parallel world size the data
+    each rank reads differs anyway, so such a run continues sensibly but is not the run that
+    was saved; it starts its RNN states afresh.
     """
     rank, world = rank_world()
-    if world != resumed.world:
+    rank, world = rank // sequence, world // sequence
+    saved = resumed.world // resumed.sequence
+    if world != saved:
         reseeded = (
-            f"; ranks {resumed.world} and up re-seed their RNG from seed, rank and step"
-            if world > resumed.world
+            f"; ranks {saved} and up re-seed their RNG from seed, rank and step"
+            if world > saved
             else ""
         )
+        ranks = f"{saved} data-parallel rank{'s' * (saved != 1)}"
         say(
-            f"distseq: {resumed.path} was saved with world size {resumed.world}, resuming with "
-            f"{world}: data order and random draws differ from the saved run{reseeded}",
+            f"distseq: {resumed.path} was saved with {ranks}, resuming with {world}: data "
+            f"order and random draws differ from the saved run{reseeded}",
             sys.stderr,
         )
-    if rank >= resumed.world:
+    if rank >= saved:
         return RankState()
-    file = resumed.path / f"rank{rank}.pt"
+    file = resumed.path / f"rank{rank * resumed.sequence}.pt"
     try:
         state = torch.load(file, weights_only=True)
         rng, skipped, carries = state["rng"], list(state["skipped"]), dict(state["carries"])
     except Exception as e:  # a missing or corrupt file: any error torch.load raises
         raise unreadable("checkpoint", file, e) from None
-    if world != resumed.world:
+    if world != saved:
         return RankState(rng=rng)
     return RankState(skipped, carries, rng)
 
 
-def restore_rng(resumed: Resumed, rank_state: RankState) -> None:
-    """Put back this rank's RNG states as the saving run had them after the saved step."""
+def restore_rng(resumed: Resumed, rank_state: RankState, sequence: int = 1) -> None:
+    """Put back this rank's RNG states as the saving run had them after the saved step; a
+    data-parallel rank it did not have re-seeds, the same on every rank of its sequence group."""
     if rank_state.rng is None:
-        _reseed(resumed.position.seed, rank_world()[0], resumed.position.step)
+        _reseed(resumed.position.seed, rank_world()[0] // sequence, resumed.position.step)
     else:
         _set_rng_state(rank_state.rng)

@@ -195,6 +195,14 @@ DOCS: dict[str, str] = {
     "parallel.precision": (
         "`auto` (bf16 compute with fp32 reduction on GPU, fp32 on CPU), `bf16` or `fp32`"
     ),
+    "parallel.sequence": (
+        "S > 1 splits every sequence's frames across S consecutive ranks (one node's first): "
+        "each runs the CNN over its own slice, cut on chunk boundaries, and the head sees the "
+        "whole sequence; the S ranks share one `data.batch_size`, so 2 ranks at S=2 train as "
+        "one process. For videos longer than one GPU's memory holds, or more GPUs than videos "
+        "in a step ([docs/sequence.md](sequence.md)). S must divide the ranks, and "
+        "`data.window` hold S chunks"
+    ),
     "parallel.timeout_s": (
         "how long a rank waits in a collective, or for the group to form, before it stops with "
         "an error: a lost node or link ends the run in this time, not torch's 30 minutes"

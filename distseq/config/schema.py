@@ -325,9 +325,12 @@ class ParallelConfig:
     # How long a rank waits in a collective (and for the group to form) before it gives up: a
     # lost node or link ends the run in this time, not in torch's 30 minutes.
     timeout_s: float = 300.0
+    # S > 1: each sequence's frames split across S consecutive ranks (parallel/sequence.py).
+    sequence: int = 1
 
     def __post_init__(self) -> None:
         _check(self.timeout_s > 0, "parallel.timeout_s", self.timeout_s, "must be > 0")
+        _check(self.sequence >= 1, "parallel.sequence", self.sequence, "must be >= 1")
         _check(
             not (self.precision is Precision.bf16 and self.mode is not ParallelMode.fsdp),
             "parallel.precision",

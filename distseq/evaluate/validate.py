@@ -82,10 +82,13 @@ def validate(
     classes: list[str],
     scoring: Scoring = STRICT,
     on_video: Callable[[str, torch.Tensor], None] | None = None,
+    *,
+    counted: bool = True,
 ) -> dict[str, object]:
     """The metrics report (``metrics.summarize``) of ``model`` on the videos of ``batches``,
     judged by ``scoring``; ``on_video(key, probabilities [T, K])`` sees each of this rank's
-    videos on the way."""
+    videos on the way. ``counted``: False where another rank counts the same videos (a
+    sequence group's)."""
     counts = []
     for key, probs, labels in probabilities_by_video(model, batches, device):
         if on_video is not None:
@@ -97,4 +100,4 @@ def validate(
         pred = probs.argmax(-1)[labelled].tolist()
         truth = labels[labelled].tolist()
         counts.append(count_video(key, pred, truth, len(classes), scoring))
-    return summarize(gather(counts), classes, scoring.protocol)
+    return summarize(gather(counts if counted else []), classes, scoring.protocol)

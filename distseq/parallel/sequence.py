@@ -92,7 +92,7 @@ class SequenceSplit:
         a, b = bounds[self.index]
         before = _bn_state(model)
         if b > a:
-            local = model.features(frames[:, a:b], mask[:, a:b])
+            local = self._features(model, frames[:, a:b], mask[:, a:b])
         elif model.feature_dim is None:
             raise ModelError(
                 f"sequence={self.size}: a {length}-frame sequence leaves this rank no frame, and "
@@ -110,6 +110,20 @@ class SequenceSplit:
             # all-reduce; FSDP2 hung). A zero that depends on every parameter gives it zeros.
             local = local + sum(p.sum() for p in trained) * 0
         return _Gather.apply(local, bounds, self.index, self.group)
+
+    def _features(
+        self, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """This rank's slice through the CNN, its random draws (dropout) forked off: the head's
+        draws after it must be the same on every rank of the group, or the replicated head would
+        be S different computations. Rank 0's slice draws as one process's first frames do, each
+        other's from a seed of its own; a CNN that draws nothing leaves the head's draws one
+        process's."""
+        devices = [mask.device.index] if mask.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self.index:
+                torch.manual_seed(int(torch.randint(2**62, ())) + self.index)
+            return model.features(frames, mask)
 
 
 def _updating(model: VideoModel) -> bool:

@@ -176,6 +176,8 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     found = nodes()
     if line := nodes_line(found):
         say(line)
+    if line := sequence_line(cfg, info, found):
+        say(line)
     out = Path(cfg.train.out_dir)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +209,8 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         chunked = apply_memory_policy(plain, cfg.memory)
         if cfg.model.compile:  # before planning: the plan measures the compiled backbone
             chunked.compile_backbone(cfg.model.compile_backend)
-        model = parallelize(chunked, *how, frozen_steps=frozen_steps)
+        sequence = cfg.parallel.sequence
+        model = parallelize(chunked, *how, frozen_steps=frozen_steps, sequence=sequence)
         if cfg.memory.budget:
             classes = manifest.num_classes
             plan_for_budget(
@@ -217,7 +220,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
     resumed = None if latest is None else restore_training(latest, state)
     position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
-    saved = RankState() if resumed is None else read_rank_state(resumed)
+    saved = RankState() if resumed is None else read_rank_state(resumed, cfg.parallel.sequence)
     return Run(
         cfg,
         info,
@@ -236,6 +239,41 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         loss=loss,
         freezing=Freezing(model, cfg.optim.groups),
     )
+
+
+def sequence_line(cfg: Config, info: DistInfo, found: list[Node]) -> str:
+    """The start-up line of a sequence split, or one ConfigError line for one that cannot run;
+    "" without a split."""
+    s, world, data = cfg.parallel.sequence, info.world, cfg.data
+    if s == 1:
+        return ""
+    key = f"config key parallel.sequence={s}"
+    if world % s:
+        raise ConfigError(f"{key}: does not divide the {world} ranks; launch a multiple of {s}")
+    if data.features:
+        raise ConfigError(
+            f"{key}: data.features trains the head alone, over stored features: there is no "
+            "CNN work to split; use parallel.sequence=1"
+        )
+    k = cfg.memory.chunk_frames
+    if data.window and data.window < s * k:
+        raise ConfigError(
+            f"{key}: data.window={data.window} is shorter than {s} chunks of "
+            f"memory.chunk_frames={k}, so some rank would get no frame; lower either or raise "
+            "data.window"
+        )
+    host = {rank: node.host for node in found for rank in node.ranks}
+    groups = [range(g, g + s) for g in range(0, world, s)]
+    if found and s <= min(len(node.ranks) for node in found):
+        for group in groups:
+            if len({host[r] for r in group}) > 1:
+                raise ConfigError(
+                    f"{key}: ranks {group[0]}-{group[-1]} would split a video across "
+                    f"{' and '.join(sorted({host[r] for r in group}))} although one node holds "
+                    f"{s} ranks; launch a multiple of {s} ranks a node"
+                )
+    split = ", ".join(f"{g[0]}-{g[-1]}" for g in groups)
+    return f"parallel.sequence={s}: each video's frames split across ranks {split}"
 
 
 def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
@@ -279,11 +317,12 @@ def _batches(run: Run) -> Iterator[Batch]:
     cfg, info = run.cfg, run.info
     # The stream is deterministic for its seed; it seeks past the batches already trained on
     # without decoding them, given which samples turned out bad on the way.
+    rank, world = info.data_rank(cfg.parallel.sequence)  # a sequence group shares its batches
     stream = train_batches(
         cfg.data,
         seed=run.position.seed,
-        rank=info.rank,
-        world=info.world,
+        rank=rank,
+        world=world,
         skip_batches=run.position.batches,
         bad=set(run.skipped),
     )
@@ -291,7 +330,7 @@ def _batches(run: Run) -> Iterator[Batch]:
     if run.resumed is not None:
         # Only now: starting the loader just above drew its workers' base seed from torch's
         # RNG, as the uninterrupted run did at its first step.
-        restore_rng(run.resumed, run.rank_state)
+        restore_rng(run.resumed, run.rank_state, cfg.parallel.sequence)
     if cfg.memory.offload is Offload.frames:
         data = cfg.data
         frame = 3 * data.size**2
@@ -328,6 +367,7 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     start = time.perf_counter()
     run.freezing.before_step(step)
     loss, real_frames = train_step(model, optimizer, batches, info.world, run.carries, run.loss)
+    real_frames //= cfg.parallel.sequence  # every rank of a sequence group counted its batch
     if step == run.first_step or run.freezing.unfreezes(step):  # and a part's first step
         check_every_parameter_has_grad(model, run.freezing.frozen_at(step))
     run.freezing.after_backward(step)
@@ -354,7 +394,8 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     bar.update()
     if step % cfg.train.log_every == 0 or step == cfg.train.steps:
         count = torch.tensor([float(len(run.skipped))], device=info.device)
-        metrics["skipped_samples"] = int(all_reduce_sum(count).item())  # all ranks, legs
+        # All data-parallel ranks, all legs: a sequence group's ranks skipped the same samples.
+        metrics["skipped_samples"] = int(all_reduce_sum(count).item()) // cfg.parallel.sequence
         if cfg.model.compile:  # bounded: past dynamo's recompile limit the run fails
             metrics["compiled_graphs"] = compiled_graphs()
         if info.device.type == "cuda":  # the peak since the last record, this rank
@@ -370,9 +411,12 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
 def _validate(run: Run, step: int, log: MetricsLog) -> None:
     """The model on the whole validation videos, all ranks sharing them; its scores join the
     step's metrics."""
-    info = run.info
-    val = val_batches(run.cfg.data, run.manifest, info.rank, info.world)
-    scores = validation_scores(validate(run.model, val, info.device, run.manifest.classes))
+    info, sequence = run.info, run.cfg.parallel.sequence
+    val = val_batches(run.cfg.data, run.manifest, *info.data_rank(sequence))
+    # A sequence group's ranks score the same videos: the first of each counts them.
+    counted = info.rank % sequence == 0
+    report = validate(run.model, val, info.device, run.manifest.classes, counted=counted)
+    scores = validation_scores(report)
     run.metrics.update(scores)
     log.write({"step": step, **scores})
     say(

@@ -165,12 +165,12 @@ def test_checkpoint_reshards_to_another_world_size(reference: Path, tmp_path: Pa
     (tmp_path / "checkpoints" / "latest").write_text("step_00000002\n")
 
     one = succeeded(launch(reference, tmp_path, 1, "record_load", "train.stop_after=3"))
-    assert "saved with world size 2, resuming with 1" in one.stderr
+    assert "saved with 2 data-parallel ranks, resuming with 1" in one.stderr
     # One rank now holds the whole of what two ranks saved, every tensor exactly.
     assert_identical(loaded_state(tmp_path, 0), full_state(reference / step2))
 
     two = succeeded(launch(reference, tmp_path, 2, "record_load"))
-    assert "saved with world size 1, resuming with 2" in two.stderr
+    assert "saved with 1 data-parallel rank, resuming with 2" in two.stderr
     assert "ranks 1 and up re-seed" in two.stderr
     saved_by_one = full_state(tmp_path / "checkpoints/step_00000003")
     for rank in (0, 1):

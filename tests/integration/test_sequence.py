@@ -4,12 +4,15 @@ BatchNorm statistics of one process that runs each data-parallel group's batch w
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import torchrun
+from conftest import full_state, run_distseq, tiny_config, torchrun
 from workers.sequence_split import LR, STEPS, build, global_batch, loss_of
 
 TOL = 1e-5
@@ -48,14 +51,18 @@ def rel(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-12) -> float:
     [
         (2, ["ddp:2:batchnorm", "fsdp:2:batchnorm"]),
         (3, ["fsdp:3:batchnorm", "ddp:3:batchnorm"]),
-        (4, ["fsdp:2:groupnorm", "ddp:2:groupnorm"]),  # data 2 x sequence 2
+        (4, ["fsdp:2:groupnorm", "ddp:2:groupnorm", "ddp:2:dropout"]),  # data 2 x sequence 2
     ],
 )
 def test_a_split_video_trains_as_one_process(ranks: int, cases: list[str], tmp_path: Path) -> None:
     records = torchrun("sequence_split", ranks, tmp_path, *cases)
     for case in cases:
         _, sequence, norm = case.split(":")
-        groups = ranks // int(sequence)
+        groups, s = ranks // int(sequence), int(sequence)
+        # Every rank of a group computes the group's loss; their mean over groups is the world's.
+        assert all(r[case] == records[i // s * s][case] for i, r in enumerate(records)), case
+        if norm == "dropout":  # draws no single process repeats: one head a group is the check
+            continue
         ref_losses, ref_grads, ref_state = reference(norm, groups)
         name = case.replace(":", "_")
         outs = [
@@ -69,9 +76,54 @@ def test_a_split_video_trains_as_one_process(ranks: int, cases: list[str], tmp_p
                 # With more than one group, each group's BatchNorm statistics follow its own
                 # batch, as under any data parallelism; GroupNorm has none.
                 assert rel(out["state"][k].float(), ref.float()) < TOL, (case, k)
-        # Every rank of a group computes the group's loss; their mean over groups is the world's.
-        s = int(sequence)
-        assert all(r[case] == records[i // s * s][case] for i, r in enumerate(records)), case
         losses = torch.tensor([records[g * s][case] for g in range(groups)])
         mean = losses.mean(0).tolist()
         assert mean == pytest.approx(ref_losses, rel=1e-5), case
+
+
+def losses(run: Path) -> dict[int, float]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def test_distseq_train_split_then_resumed_across_s_is_the_one_process_run(
+    shards: Path, tmp_path: Path
+) -> None:
+    """``distseq train`` at parallel.sequence=2 (2 ranks, BatchNorm training): steps 1-2 split,
+    step 3 resumed in one process; and steps 1-2 in one process, step 3 resumed split. Both end
+    with the one-process run's parameters, BatchNorm statistics, losses and scores."""
+    config = tiny_config(tmp_path, shards)
+
+    def train(out: Path, *extra: str, ranks: int = 0) -> subprocess.CompletedProcess[str]:
+        proc = run_distseq(
+            "train", str(config), f"train.out_dir={out}", "train.save_every=1",
+            "model.backbone.norm=batchnorm", *extra, cwd=tmp_path, torchrun=ranks,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    one, split_first, split_last = tmp_path / "one", tmp_path / "first", tmp_path / "last"
+    train(one)
+    split = train(split_first, "parallel.sequence=2", "train.stop_after=2", ranks=2)
+    assert "parallel.sequence=2: each video's frames split across ranks 0-1" in split.stdout
+    train(split_first)
+    step2 = "checkpoints/step_00000002"
+    shutil.copytree(one / step2, split_last / step2)
+    (split_last / "checkpoints" / "latest").write_text("step_00000002\n")
+    train(split_last, "parallel.sequence=2", "parallel.mode=ddp", ranks=2)
+
+    ref = full_state(one / "checkpoints/step_00000003")["model"]
+    for run in (split_first, split_last):
+        got = full_state(run / "checkpoints/step_00000003")["model"]
+        for k, v in ref.items():
+            assert rel(got[k].float(), v.float(), 1e-8) < TOL, (run.name, k)
+        got = losses(run)  # the last run began at step 3
+        assert 3 in got and got == pytest.approx({k: losses(one)[k] for k in got}, rel=1e-5)
+        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
+            if "val_accuracy" in r:  # every video counted once
+                assert (
+                    r["val_accuracy"]
+                    == json.loads((one / "metrics.jsonl").read_text().splitlines()[-1])[
+                        "val_accuracy"
+                    ]
+                )

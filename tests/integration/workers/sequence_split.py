@@ -23,9 +23,12 @@ CHUNK, STEPS, LR, CLASSES = 4, 2, 0.05, 3
 # 13 frames in chunks of 4 (4, 4, 4, 1): S=2 takes frames 0-7 and 8-12, S=3 0-3, 4-7 and 8-12.
 # The second group's videos end by frame 8: under S=2 its second rank's slice is padding alone.
 LENGTHS = [13, 9, 7, 5]
+# "dropout": GroupNorm, and dropout in the CNN and before the head, whose draws no single
+# process can repeat: the group's ranks must still run one head (the same losses).
 NORMS: dict[str, Callable[[int], torch.nn.Module]] = {
     "batchnorm": torch.nn.BatchNorm2d,
     "groupnorm": lambda c: torch.nn.GroupNorm(4, c),
+    "dropout": lambda c: torch.nn.Sequential(torch.nn.GroupNorm(4, c), torch.nn.Dropout(0.3)),
 }
 
 
@@ -33,8 +36,11 @@ def build(norm: str) -> distseq.ChunkedModel:
     from own_model import LSTMHead, small_cnn
 
     torch.manual_seed(0)
+    head = LSTMHead(16, CLASSES, 8)
+    if norm == "dropout":
+        head.lstm.register_forward_pre_hook(lambda m, args: (F.dropout(args[0], 0.3), *args[1:]))
     return distseq.ChunkedModel(
-        small_cnn(16, NORMS[norm]), LSTMHead(16, CLASSES, 8), feature_dim=16, chunk_frames=CHUNK
+        small_cnn(16, NORMS[norm]), head, feature_dim=16, chunk_frames=CHUNK
     )
 
 
