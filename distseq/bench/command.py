@@ -133,7 +133,9 @@ def _add_traffic(sub: Subparsers) -> None:
         "traffic", help="collective bytes per rank per step at each world size (torchrun here)"
     )
     _cnn(p, "resnet18", 64)
-    p.add_argument("--length", dest="frames", type=int, default=16, help="T, each rank's frames")
+    p.add_argument(
+        "--length", dest="frames", type=int, default=16, help="T, each sequence's frames"
+    )
     p.add_argument(
         "--chunks-per-sequence",
         dest="chunks",
@@ -145,6 +147,13 @@ def _add_traffic(sub: Subparsers) -> None:
     _renamed(p, "--frames", "--length")
     _renamed(p, "--chunks", "--chunks-per-sequence")
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4, 6], help="ranks per run")
+    p.add_argument(
+        "--sequences",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="parallel.sequence: each sequence split across S ranks, where S divides the world",
+    )
     p.add_argument(
         "--modes", nargs="+", default=["fsdp", "ddp"], choices=["fsdp", "ddp"], help="parallel.mode"
     )

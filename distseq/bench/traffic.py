@@ -14,7 +14,9 @@ docs/benchmarks.md divides by a link's bandwidth.
 bytes in fp32. FSDP2, as ``parallel.parallelize`` wraps the model, gathers the root unit (the
 backbone and the model's own parameters) once per step and the head twice (it is resharded
 after the forward), and reduce-scatters every gradient once; each parameter is padded to a
-multiple of W rows first; alone (W = 1) it sends nothing. What is left over is the loss's and
+multiple of W rows first; alone (W = 1) it sends nothing. A sequence split over S ranks
+(``parallel.sequence``) adds one all-gather of the features in forward, S slices of the widest
+slice's B x t x F fp32 values, and nothing in backward. What is left over is the loss's and
 the gradient norm's scalars.
 """
 
@@ -36,6 +38,7 @@ from distseq.bench.memory import bench_model
 from distseq.config import Recompute
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
+from distseq.memory.chunked import ChunkedModel
 from distseq.parallel import (
     DistInfo,
     all_gather_objects,
@@ -43,6 +46,7 @@ from distseq.parallel import (
     init_distributed,
     parallelize,
 )
+from distseq.parallel.sequence import slices
 from distseq.train.step import clip_grad_norm, train_step
 from distseq.units import MIB
 
@@ -57,6 +61,7 @@ class TrafficBench:
     chunks: list[int] = field(default_factory=lambda: [1, 4])  # chunks per sequence (T/k)
     worlds: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
     modes: list[str] = field(default_factory=lambda: ["fsdp", "ddp"])
+    sequences: list[int] = field(default_factory=lambda: [1, 2])  # S; those dividing a world
     json: bool = False
 
 
@@ -72,6 +77,16 @@ class TrafficRecord:
     predicted_bytes: int  # from the parameter count
     wire_bytes: float  # over one rank's link, ring algorithms
     step_seconds: float  # the slowest rank's median of three uncounted steps
+    sequence: int = 1  # S: each sequence split across S ranks
+
+
+def feature_bytes(model: ChunkedModel, frames: int, sequence: int, batch: int = 1) -> int:
+    """Bytes per rank per step of a sequence split's feature all-gather: S slices, each padded
+    to the widest, of B x t x F fp32 values."""
+    if sequence == 1:
+        return 0
+    widest = max(b - a for a, b in slices(frames, model.chunk_frames, sequence))
+    return 4 * sequence * batch * widest * (model.feature_dim or 0)
 
 
 def predicted_bytes(model: nn.Module, mode: str, world: int) -> int:
@@ -115,14 +130,17 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch, world: int
     opt.step()
 
 
-def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> TrafficRecord:
+def _record(
+    opts: TrafficBench, info: DistInfo, mode: str, chunks: int, sequence: int
+) -> TrafficRecord:
     """On each rank: one step to warm up, one timed, one counted."""
     model = bench_model(opts.backbone, Recompute.torch, opts.frames // chunks, info.device)
-    predicted = predicted_bytes(model, mode, info.world)
+    features = feature_bytes(model, opts.frames, sequence)
+    predicted = predicted_bytes(model, mode, info.world) + features
     parameters = sum(p.numel() for p in model.parameters())
-    sharded = parallelize(model, mode, info=info)
+    sharded = parallelize(model, mode, info=info, sequence=sequence)
     opt = torch.optim.AdamW(sharded.parameters())
-    batch = _batch(opts, info.rank, info.device)
+    batch = _batch(opts, info.data_rank(sequence)[0], info.device)  # a group's one batch
     _step(sharded, opt, batch, info.world)  # warm-up: allocations, the first gathers' buffers
     times = []
     for _ in range(3):
@@ -133,9 +151,12 @@ def _record(opts: TrafficBench, info: DistInfo, mode: str, chunks: int) -> Traff
     with CollectiveCounter() as counter:
         _step(sharded, opt, batch, info.world)
     slowest = max(all_gather_objects([seconds]))
+    # The features' all-gather runs within a sequence group: (S-1)/S of it crosses a link.
+    w, s = info.world, sequence
+    wire = wire_bytes(counter.bytes, w) - features * ((w - 1) / w - (s - 1) / s)
     return TrafficRecord(
         mode, info.world, chunks, parameters, dict(counter.counts), dict(counter.bytes),
-        sum(counter.bytes.values()), predicted, wire_bytes(counter.bytes, info.world), slowest,
+        sum(counter.bytes.values()), predicted, wire, slowest, sequence,
     )  # fmt: skip
 
 
@@ -176,11 +197,13 @@ def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
     records: list[TrafficRecord] = []
     if not opts.json:
         print(
-            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, T frames per rank "
-            "(MiB per rank; wire: ring algorithms over one rank's link)"
+            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, one sequence a data-"
+            "parallel rank, split across S ranks (MiB per rank; wire: ring algorithms over one "
+            "rank's link)"
         )
         print(
-            f"{'mode':>5} {'world':>5} {'chunks':>6} {'collectives':>11} {'all_gather':>10} "
+            f"{'mode':>5} {'world':>5} {'S':>2} {'chunks':>6} {'collectives':>11} "
+            f"{'all_gather':>10} "
             f"{'reduce_sc':>9} {'all_reduce':>10} {'total':>8} {'predicted':>9} "
             f"{'other B':>7} {'wire':>8} {'step s':>7}"
         )
@@ -192,7 +215,8 @@ def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
                 continue
             mib = {k: r.bytes.get(k, 0) / MIB for k in _RING}
             print(
-                f"{r.mode:>5} {r.world:>5} {r.chunks:>6} {sum(r.counts.values()):>11} "
+                f"{r.mode:>5} {r.world:>5} {r.sequence:>2} {r.chunks:>6} "
+                f"{sum(r.counts.values()):>11} "
                 f"{mib['all_gather']:>10.2f} {mib['reduce_scatter']:>9.2f} "
                 f"{mib['all_reduce']:>10.2f} {r.total_bytes / MIB:>8.2f} "
                 f"{r.predicted_bytes / MIB:>9.2f} {r.total_bytes - r.predicted_bytes:>7} "
@@ -206,7 +230,13 @@ def _main() -> None:
     """A rank of ``world_records``' group: rank 0 prints every record, one JSON line each."""
     opts = TrafficBench(**json.loads(sys.argv[1]))
     info = init_distributed()
-    records = [_record(opts, info, mode, chunks) for mode in opts.modes for chunks in opts.chunks]
+    records = [
+        _record(opts, info, mode, chunks, s)
+        for s in opts.sequences
+        if info.world % s == 0
+        for mode in opts.modes
+        for chunks in opts.chunks
+    ]
     close_distributed()
     if int(os.environ.get("RANK", "0")) == 0:
         for r in records:

@@ -18,32 +18,37 @@ pytestmark = pytest.mark.integration  # starts torchrun
 
 @pytest.mark.slow
 def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_path: Path) -> None:
-    args = ["bench", "traffic", "--json", "--worlds", "1", "2", "--chunks-per-sequence", "1", "2"]
-    proc = run_distseq(*args, "--size", "32", "--length", "4", cwd=tmp_path)
+    args = ["bench", "traffic", "--json", "--worlds", "1", "2", "--chunks-per-sequence", "2", "4"]
+    proc = run_distseq(
+        *args, "--sequences", "1", "2", "--size", "32", "--length", "4", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    by = {(r["mode"], r["world"], r["chunks"]): r for r in rows}
-    assert sorted(by) == sorted((m, w, c) for m in ("fsdp", "ddp") for w in (1, 2) for c in (1, 2))
+    by = {(r["mode"], r["world"], r["sequence"], r["chunks"]): r for r in rows}
+    runs = [(w, s) for w in (1, 2) for s in (1, 2) if w % s == 0]
+    assert sorted(by) == sorted(
+        (m, w, s, c) for m in ("fsdp", "ddp") for w, s in runs for c in (2, 4)
+    )
     for mode in ("fsdp", "ddp"):
-        for world in (1, 2):
-            one, two = by[mode, world, 1], by[mode, world, 2]
-            assert one["counts"] == two["counts"] and one["bytes"] == two["bytes"], (one, two)
+        for world, s in runs:
+            two, four = by[mode, world, s, 2], by[mode, world, s, 4]
+            assert two["counts"] == four["counts"] and two["bytes"] == four["bytes"], (two, four)
 
     model = bench_model("resnet18", Recompute.torch, 4, torch.device("cpu"))
     head = sum(p.numel() for p in model.head.parameters())
     root = sum(p.numel() for p in model.parameters()) - head
     # DDP all-reduces every fp32 gradient once, alone or not; the rest are the loss's scalars.
     for world in (1, 2):
-        extra = by["ddp", world, 1]["bytes"]["all_reduce"] - 4 * (root + head)
+        extra = by["ddp", world, 1, 2]["bytes"]["all_reduce"] - 4 * (root + head)
         assert 0 < extra <= 64, extra
     # FSDP2 alone gathers and reduces no parameter. At 2 ranks each parameter is padded to an
     # even number of rows: only the classifier's 7 rows (of 128 weights and a bias) gain one.
     # The backbone's parameters are gathered once, the head's twice (resharded after the
     # forward); every gradient is reduce-scattered once.
-    alone = by["fsdp", 1, 1]
+    alone = by["fsdp", 1, 1, 2]
     assert set(alone["bytes"]) == {"all_reduce"} and alone["total_bytes"] <= 64, alone
     head_padded = head + 128 + 1
-    fsdp = by["fsdp", 2, 1]
+    fsdp = by["fsdp", 2, 1, 2]
     assert fsdp["bytes"]["all_gather"] == 4 * (root + 2 * head_padded)
     assert fsdp["bytes"]["reduce_scatter"] == 4 * (root + head_padded)
     assert fsdp["predicted_bytes"] == 4 * (2 * root + 3 * head_padded)
@@ -53,3 +58,14 @@ def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_pa
     sizes = fsdp["bytes"]
     half = (sizes["all_gather"] + sizes["reduce_scatter"]) / 2
     assert fsdp["wire_bytes"] == half + sizes.get("all_reduce", 0)
+
+    # A video split across the 2 ranks (S=2) adds the features' all-gather in forward, by hand:
+    # 2 slices of 2 frames x 512 ResNet-18 features x 4 bytes, one sequence; nothing in
+    # backward, and the parameters' collectives as without the split.
+    for mode in ("fsdp", "ddp"):
+        split, whole = by[mode, 2, 2, 2], by[mode, 2, 1, 2]
+        gathered = split["bytes"]["all_gather"] - whole["bytes"].get("all_gather", 0)
+        assert gathered == 2 * 2 * 512 * 4 == split["predicted_bytes"] - whole["predicted_bytes"]
+        assert split["counts"]["all_gather"] == whole["counts"].get("all_gather", 0) + 1
+        others = {k: v for k, v in split["bytes"].items() if k != "all_gather"}
+        assert others == {k: v for k, v in whole["bytes"].items() if k != "all_gather"}, mode
