@@ -141,6 +141,7 @@ def test_an_error_during_training_stands_on_its_own_line(tmp_path: Path, shards:
     [
         (["memory.tbptt_frames=64", "model.head.bidirectional=true"], "memory.tbptt_frames"),
         (["parallel.precision=bf16", "parallel.mode=ddp"], "parallel.precision"),
+        (["parallel.sequence=3"], "parallel.sequence"),  # one rank: 3 does not divide it
     ],
 )
 def test_submit_refuses_a_config_that_would_fail_on_the_cluster(
@@ -169,9 +170,12 @@ def test_submit_dry_run_shows_the_sbatch_script(tmp_path: Path, shards: Path) ->
         "--account",
         "lab",
         "--dry-run",
+        "parallel.sequence=2",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash")  # the plan line is beside it, on stderr
+    assert "each video's frames split across ranks 0-1, 2-3, 4-5, " in proc.stderr
     for line in (
         "--nodes=2",
         "--ntasks-per-node=8",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import submitit
 
 from distseq.config import load_config
 from distseq.errors import TrainingError
 from distseq.launch.slurm import SlurmOptions, sbatch_script, submit
+from distseq.parallel import sequence_line
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,8 +48,11 @@ def run(args: argparse.Namespace) -> None:
         folder=args.folder,
         signal_delay_s=args.signal_delay,
     )
+    # A bad config or split fails here, not in a queued job.
+    line = sequence_line(load_config(args.config, args.overrides), *_layout(opts))
+    if line:  # beside a dry run's script, which stays one to save and sbatch
+        print(line, file=sys.stderr if args.dry_run else sys.stdout)
     if args.dry_run:
-        load_config(args.config, args.overrides)
         print(sbatch_script(opts))
         return
     job = submit(args.config, args.overrides, opts)
@@ -60,3 +65,12 @@ def run(args: argparse.Namespace) -> None:
         except submitit.core.utils.UncompletedJobError as e:  # FailedJobError is a subclass
             first = str(e).strip().splitlines()[0]
             raise TrainingError(f"job {job.job_id}: {first} (see {job.paths.stderr})") from None
+
+
+def _layout(opts: SlurmOptions) -> tuple[int, dict[int, str]]:
+    """The job's ranks and, over several nodes, each rank's node: SLURM gives consecutive
+    ranks to a node, as torchrun does."""
+    per = opts.gpus_per_node or opts.tasks_per_node
+    world = opts.nodes * per
+    hosts = {r: f"node {r // per + 1}" for r in range(world)} if opts.nodes > 1 else {}
+    return world, hosts

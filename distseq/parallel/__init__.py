@@ -1,6 +1,7 @@
 """Everything that runs across ranks: the process group (``group``), the network under it
 (``network``), the package's collectives (``collectives``), wrapping the model for FSDP2 or DDP
-(``wrap``) and BatchNorm statistics kept one across the ranks (``batchnorm``).
+(``wrap``), BatchNorm statistics kept one across the ranks (``batchnorm``) and one video's
+frames split across ranks (``sequence``).
 
 The only package that talks to ``torch.distributed`` (a contract ``lint-imports`` keeps). gloo
 on CPU and NCCL on GPU run the same code.
@@ -22,6 +23,7 @@ from distseq.parallel.group import (
     say,
 )
 from distseq.parallel.network import Node, is_collective_failure, nodes, nodes_line, unreachable
+from distseq.parallel.sequence import sequence_line
 from distseq.parallel.wrap import gradient_sync, parallelize
 
 __all__ = [
@@ -42,5 +44,6 @@ __all__ = [
     "parallelize",
     "rank_world",
     "say",
+    "sequence_line",
     "unreachable",
 ]

@@ -21,9 +21,46 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from distseq.errors import ModelError
+from distseq.config import Config
+from distseq.errors import ConfigError, ModelError
 from distseq.model.norms import batchnorms
 from distseq.model.video import VideoModel
+
+
+def sequence_line(cfg: Config, world: int, hosts: dict[int, str]) -> str:
+    """What a run of ``world`` ranks at ``cfg``'s parallel.sequence does, in one line (which
+    ranks share each video), or one ConfigError line for a split that cannot run; "" without a
+    split. ``hosts``: each rank's host ({} on one): a group stays inside one where it can."""
+    s, data = cfg.parallel.sequence, cfg.data
+    if s == 1:
+        return ""
+    key = f"config key parallel.sequence={s}"
+    if world % s:
+        raise ConfigError(f"{key}: does not divide the {world} ranks; launch a multiple of {s}")
+    if data.features:
+        raise ConfigError(
+            f"{key}: data.features trains the head alone, over stored features: there is no "
+            "CNN work to split; use parallel.sequence=1"
+        )
+    k = cfg.memory.chunk_frames
+    if data.window and data.window < s * k:
+        raise ConfigError(
+            f"{key}: data.window={data.window} is shorter than {s} chunks of "
+            f"memory.chunk_frames={k}, so some rank would get no frame; lower either or raise "
+            "data.window"
+        )
+    groups = [range(g, g + s) for g in range(0, world, s)]
+    per_host = [list(hosts.values()).count(h) for h in set(hosts.values())]
+    if hosts and s <= min(per_host):
+        for group in groups:
+            if len(across := sorted({hosts[r] for r in group})) > 1:
+                raise ConfigError(
+                    f"{key}: ranks {group[0]}-{group[-1]} would split a video across "
+                    f"{' and '.join(across)} although one node holds {s} ranks; launch a "
+                    f"multiple of {s} ranks a node"
+                )
+    split = ", ".join(f"{g[0]}-{g[-1]}" for g in groups)
+    return f"parallel.sequence={s}: each video's frames split across ranks {split}"
 
 
 def slices(length: int, unit: int, size: int) -> list[tuple[int, int]]:

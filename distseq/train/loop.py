@@ -55,6 +55,7 @@ from distseq.parallel import (
     nodes_line,
     parallelize,
     say,
+    sequence_line,
     unreachable,
 )
 from distseq.train.log import MetricsLog
@@ -176,7 +177,8 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     found = nodes()
     if line := nodes_line(found):
         say(line)
-    if line := sequence_line(cfg, info, found):
+    host = {rank: node.host for node in found for rank in node.ranks}
+    if line := sequence_line(cfg, info.world, host):
         say(line)
     out = Path(cfg.train.out_dir)
     if info.is_main:
@@ -239,41 +241,6 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         loss=loss,
         freezing=Freezing(model, cfg.optim.groups),
     )
-
-
-def sequence_line(cfg: Config, info: DistInfo, found: list[Node]) -> str:
-    """The start-up line of a sequence split, or one ConfigError line for one that cannot run;
-    "" without a split."""
-    s, world, data = cfg.parallel.sequence, info.world, cfg.data
-    if s == 1:
-        return ""
-    key = f"config key parallel.sequence={s}"
-    if world % s:
-        raise ConfigError(f"{key}: does not divide the {world} ranks; launch a multiple of {s}")
-    if data.features:
-        raise ConfigError(
-            f"{key}: data.features trains the head alone, over stored features: there is no "
-            "CNN work to split; use parallel.sequence=1"
-        )
-    k = cfg.memory.chunk_frames
-    if data.window and data.window < s * k:
-        raise ConfigError(
-            f"{key}: data.window={data.window} is shorter than {s} chunks of "
-            f"memory.chunk_frames={k}, so some rank would get no frame; lower either or raise "
-            "data.window"
-        )
-    host = {rank: node.host for node in found for rank in node.ranks}
-    groups = [range(g, g + s) for g in range(0, world, s)]
-    if found and s <= min(len(node.ranks) for node in found):
-        for group in groups:
-            if len({host[r] for r in group}) > 1:
-                raise ConfigError(
-                    f"{key}: ranks {group[0]}-{group[-1]} would split a video across "
-                    f"{' and '.join(sorted({host[r] for r in group}))} although one node holds "
-                    f"{s} ranks; launch a multiple of {s} ranks a node"
-                )
-    split = ", ".join(f"{g[0]}-{g[-1]}" for g in groups)
-    return f"parallel.sequence={s}: each video's frames split across ranks {split}"
 
 
 def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:

@@ -175,14 +175,15 @@ def test_the_bed_is_hosts_that_reach_each_other(bed: None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("nodes", "per_node", "mode"),
-    [(2, 2, "fsdp"), (3, 1, "ddp")],
+    ("nodes", "per_node", "mode", "sequence"),
+    # 2 x 2: FSDP2 across the hosts, each video split across a host's 2 ranks (parallel.sequence)
+    [(2, 2, "fsdp", 2), (3, 1, "ddp", 1)],
 )
 def test_a_multi_node_run_equals_one_host(
-    bed: None, tmp_path: Path, shards: Path, nodes: int, per_node: int, mode: str
+    bed: None, tmp_path: Path, shards: Path, nodes: int, per_node: int, mode: str, sequence: int
 ) -> None:
     config = str(tiny_config(tmp_path, shards))
-    run = ["train", config, f"parallel.mode={mode}"]
+    run = ["train", config, f"parallel.mode={mode}", f"parallel.sequence={sequence}"]
     results = on_hosts(nodes, per_node, tmp_path, *run, f"train.out_dir={tmp_path / 'hosts'}")
     for k, proc in enumerate(results, 1):
         assert proc.returncode == 0, f"host {k}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -191,6 +192,8 @@ def test_a_multi_node_run_equals_one_host(
     for k in range(1, nodes + 1):
         assert f"ds-h{k} 10.77.0.{k} (eth0, GLOO_SOCKET_IFNAME=eth0;" in line
     assert not any("nodes, store" in proc.stdout for proc in results[1:])
+    if sequence > 1:  # a group inside a node
+        assert "each video's frames split across ranks 0-1, 2-3" in results[0].stdout
     one = run_distseq(
         *run, f"train.out_dir={tmp_path / 'one'}", cwd=tmp_path, torchrun=nodes * per_node
     )
