@@ -42,6 +42,14 @@ def sequence_line(cfg: Config, world: int, hosts: dict[int, str]) -> str:
             f"{key}: data.features trains the head alone, over stored features: there is no "
             "CNN work to split; use parallel.sequence=1"
         )
+    if cfg.memory.budget:
+        # A plan holds chunks for the frames a rank runs and counts the features, the head and
+        # the frames over as many: under a split those are the whole sequence's, not the slice's.
+        raise ConfigError(
+            f"{key}: memory.budget={cfg.memory.budget} plans one rank's whole sequence, and a "
+            "plan per slice is not there yet; unset memory.budget (memory.keep_frames holds "
+            "chunks by hand) or parallel.sequence"
+        )
     k = cfg.memory.chunk_frames
     if data.window and data.window < s * k:
         raise ConfigError(

@@ -77,6 +77,7 @@ def test_the_plan_line_names_each_group() -> None:
         (["parallel.sequence=3"], 4, {}, "does not divide the 4 ranks; launch a multiple of 3"),
         (["parallel.sequence=2", "data.features=true"], 2, {}, "data.features trains the head"),
         (["parallel.sequence=2", "data.window=7"], 2, {}, "data.window=7 is shorter than 2 chunks"),
+        (["parallel.sequence=2", "memory.budget=1GB"], 2, {}, "a plan per slice is not there yet"),
         (
             ["parallel.sequence=2"],
             6,
