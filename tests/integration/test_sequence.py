@@ -127,3 +127,26 @@ def test_distseq_train_split_then_resumed_across_s_is_the_one_process_run(
                         "val_accuracy"
                     ]
                 )
+
+
+def test_ordered_windows_truncated_bptt_and_head_dropout_split_as_one_process(
+    shards: Path, tmp_path: Path
+) -> None:
+    """Ordered streaming carries the head's state from window to window, truncated BPTT detaches
+    it every 4 frames and the head draws dropout masks: split over 2 ranks (the CNN draws
+    nothing), the run is the one-process run."""
+    config = str(tiny_config(tmp_path, shards))
+    extra = ["data.ordered=true", "memory.tbptt_frames=4", "model.head.dropout=0.3"]
+    runs = {}
+    for name, ranks, split in (("one", 0, []), ("split", 2, ["parallel.sequence=2"])):
+        out = tmp_path / name
+        proc = run_distseq(
+            "train", config, f"train.out_dir={out}", *extra, *split, cwd=tmp_path, torchrun=ranks
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = out
+    ref = full_state(runs["one"] / "checkpoints/step_00000003")["model"]
+    got = full_state(runs["split"] / "checkpoints/step_00000003")["model"]
+    for k, v in ref.items():
+        assert rel(got[k].float(), v.float(), 1e-8) < TOL, k
+    assert losses(runs["split"]) == pytest.approx(losses(runs["one"]), rel=1e-5)
