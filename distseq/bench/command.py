@@ -155,6 +155,12 @@ def _add_traffic(sub: Subparsers) -> None:
         help="parallel.sequence: each sequence split across S ranks, where S divides the world",
     )
     p.add_argument(
+        "--recompute",
+        default="torch",
+        choices=["torch", "none"],
+        help="memory.recompute: none holds every chunk's activations (the peak column)",
+    )
+    p.add_argument(
         "--modes", nargs="+", default=["fsdp", "ddp"], choices=["fsdp", "ddp"], help="parallel.mode"
     )
     p.add_argument("--json", action="store_true", help="one JSON record per row")

@@ -39,6 +39,7 @@ from distseq.config import Recompute
 from distseq.data.batch import Batch
 from distseq.errors import TrainingError
 from distseq.memory.chunked import ChunkedModel
+from distseq.memory.measure import peak_memory
 from distseq.parallel import (
     DistInfo,
     all_gather_objects,
@@ -62,6 +63,7 @@ class TrafficBench:
     worlds: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
     modes: list[str] = field(default_factory=lambda: ["fsdp", "ddp"])
     sequences: list[int] = field(default_factory=lambda: [1, 2])  # S; those dividing a world
+    recompute: str = "torch"  # memory.recompute: "none" holds every chunk's activations
     json: bool = False
 
 
@@ -78,6 +80,7 @@ class TrafficRecord:
     wire_bytes: float  # over one rank's link, ring algorithms
     step_seconds: float  # the slowest rank's median of three uncounted steps
     sequence: int = 1  # S: each sequence split across S ranks
+    peak_bytes: int = 0  # the largest rank's peak above the step's start (memory.measure)
 
 
 def feature_bytes(model: ChunkedModel, frames: int, sequence: int, batch: int = 1) -> int:
@@ -133,8 +136,9 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch, world: int
 def _record(
     opts: TrafficBench, info: DistInfo, mode: str, chunks: int, sequence: int
 ) -> TrafficRecord:
-    """On each rank: one step to warm up, one timed, one counted."""
-    model = bench_model(opts.backbone, Recompute.torch, opts.frames // chunks, info.device)
+    """On each rank: one step to warm up, three timed, one counted, one measured."""
+    recompute = Recompute(opts.recompute)
+    model = bench_model(opts.backbone, recompute, opts.frames // chunks, info.device)
     features = feature_bytes(model, opts.frames, sequence)
     predicted = predicted_bytes(model, mode, info.world) + features
     parameters = sum(p.numel() for p in model.parameters())
@@ -150,13 +154,14 @@ def _record(
     seconds = sorted(times)[1]  # the median of three
     with CollectiveCounter() as counter:
         _step(sharded, opt, batch, info.world)
-    slowest = max(all_gather_objects([seconds]))
+    peak = peak_memory(lambda: _step(sharded, opt, batch, info.world), info.device)
+    slowest, largest = map(max, zip(*all_gather_objects([(seconds, peak)]), strict=True))
     # The features' all-gather runs within a sequence group: (S-1)/S of it crosses a link.
     w, s = info.world, sequence
     wire = wire_bytes(counter.bytes, w) - features * ((w - 1) / w - (s - 1) / s)
     return TrafficRecord(
         mode, info.world, chunks, parameters, dict(counter.counts), dict(counter.bytes),
-        sum(counter.bytes.values()), predicted, wire, slowest, sequence,
+        sum(counter.bytes.values()), predicted, wire, slowest, sequence, int(largest),
     )  # fmt: skip
 
 
@@ -197,15 +202,16 @@ def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
     records: list[TrafficRecord] = []
     if not opts.json:
         print(
-            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, one sequence a data-"
-            "parallel rank, split across S ranks (MiB per rank; wire: ring algorithms over one "
-            "rank's link)"
+            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, recompute "
+            f"{opts.recompute}, one sequence a data-parallel rank, split across S ranks (MiB per "
+            "rank; wire: ring algorithms over one rank's link; peak: the largest rank's, above "
+            "the step's start)"
         )
         print(
             f"{'mode':>5} {'world':>5} {'S':>2} {'chunks':>6} {'collectives':>11} "
             f"{'all_gather':>10} "
             f"{'reduce_sc':>9} {'all_reduce':>10} {'total':>8} {'predicted':>9} "
-            f"{'other B':>7} {'wire':>8} {'step s':>7}"
+            f"{'other B':>7} {'wire':>8} {'step s':>7} {'peak':>8}"
         )
     for world in opts.worlds:
         for r in world_records(opts, world):
@@ -220,7 +226,7 @@ def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
                 f"{mib['all_gather']:>10.2f} {mib['reduce_scatter']:>9.2f} "
                 f"{mib['all_reduce']:>10.2f} {r.total_bytes / MIB:>8.2f} "
                 f"{r.predicted_bytes / MIB:>9.2f} {r.total_bytes - r.predicted_bytes:>7} "
-                f"{r.wire_bytes / MIB:>8.2f} {r.step_seconds:>7.3f}",
+                f"{r.wire_bytes / MIB:>8.2f} {r.step_seconds:>7.3f} {r.peak_bytes / MIB:>8.1f}",
                 flush=True,
             )
     return records

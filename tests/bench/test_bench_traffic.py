@@ -25,6 +25,7 @@ def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     by = {(r["mode"], r["world"], r["sequence"], r["chunks"]): r for r in rows}
+    assert all(r["peak_bytes"] > 0 for r in rows)  # measured on every rank, the largest kept
     runs = [(w, s) for w in (1, 2) for s in (1, 2) if w % s == 0]
     assert sorted(by) == sorted(
         (m, w, s, c) for m in ("fsdp", "ddp") for w, s in runs for c in (2, 4)
