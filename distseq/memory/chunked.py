@@ -231,6 +231,27 @@ class ChunkedModel(VideoModel):
         ]
         self.stages = list(starts)
 
+    def follow(
+        self, chunk_frames: int, stages: list[str], holds: Callable[[int], list[Hold]]
+    ) -> None:
+        """Run by a memory plan from the next forward on (``memory.plan.Plan.apply``): chunks of
+        ``chunk_frames``, stages beginning at ``stages`` (:meth:`hold_stages`), and each chunk's
+        hold for a T-frame sequence ``holds(T)`` in place of ``keep_frames``."""
+        self.hold_stages(stages)
+        self.chunk_frames = chunk_frames
+        self.plan = holds
+
+    @contextmanager
+    def holding(self, chunk_frames: int, holds: Callable[[int], list[Hold]]) -> Iterator[None]:
+        """Run in chunks of ``chunk_frames``, each held as ``holds(T)`` says, while inside: what a
+        probe measures one level by. The chunk size and the plan are put back on the way out."""
+        saved = (self.chunk_frames, self.plan)
+        self.chunk_frames, self.plan = chunk_frames, holds
+        try:
+            yield
+        finally:
+            self.chunk_frames, self.plan = saved
+
     def _enter_stage(self, stage: int, module: nn.Module, args: Any) -> None:
         self._stage = stage
         if stage == self._holding:

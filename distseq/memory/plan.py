@@ -139,9 +139,7 @@ class Plan:
 
     def apply(self, model: ChunkedModel) -> None:
         """Run ``model`` by this plan from its next step on."""
-        model.chunk_frames = self.probe.chunk_frames
-        model.hold_stages(list(self.stages))
-        model.plan = self.holds
+        model.follow(self.probe.chunk_frames, list(self.stages), self.holds)
 
     def holds(self, frames: int) -> list[Hold]:
         return list(self.layout(frames).holds)

@@ -112,7 +112,9 @@ def _forward_backward(model: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> 
     model(x, mask).float().sum().backward()
 
 
-def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -> list[float]:
+def _forward_seconds(
+    model: nn.Module, chunked: ChunkedModel, x: torch.Tensor, chunk: int
+) -> list[float]:
     """Seconds a frame of the CNN's forward takes before each stage from the second on begins,
     and in all (the last entry): what a recompute that holds from that stage on still runs.
 
@@ -143,15 +145,16 @@ def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -
         backbone.get_submodule(name).register_forward_pre_hook(mark(i))
         for i, name in enumerate(chunked.stages, start=1)
     ]
-    chunked.plan = lambda frames: [WHOLE] * math.ceil(frames / chunked.chunk_frames)
     mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    whole = chunked.holding(chunk, lambda frames: [WHOLE] * math.ceil(frames / chunk))
     try:
-        for run in range(1 + TIMINGS):
-            if run == 1:
-                marks.clear()  # the first run warms up
-            # With its backward: a sharded model's forward alone leaves the parameters
-            # gathered, and an optimizer built next would hold the gathered ones.
-            _forward_backward(model, x, mask)
+        with whole:
+            for run in range(1 + TIMINGS):
+                if run == 1:
+                    marks.clear()  # the first run warms up
+                # With its backward: a sharded model's forward alone leaves the parameters
+                # gathered, and an optimizer built next would hold the gathered ones.
+                _forward_backward(model, x, mask)
     finally:
         for hook in hooks:
             hook.remove()
@@ -168,16 +171,14 @@ def _forward_seconds(model: nn.Module, chunked: ChunkedModel, x: torch.Tensor) -
 def _left_as_it_was(
     model: nn.Module, chunked: ChunkedModel, device: torch.device
 ) -> Iterator[None]:
-    """Put back what probing changes: BatchNorm buffers, the global RNG (dropout draws), the
-    chunking, and the gradients."""
+    """Put back what probing changes in passing: BatchNorm buffers, the global RNG (dropout
+    draws) and the gradients. (The chunking it runs by is the model's to put back:
+    ChunkedModel.holding.)"""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         buffers = [b.detach().clone() for b in chunked.buffers()]
-        saved = (chunked.chunk_frames, chunked.keep_frames, chunked.plan)
-        chunked.plan = None
         try:
             yield
         finally:
-            chunked.chunk_frames, chunked.keep_frames, chunked.plan = saved
             with torch.no_grad():
                 for b, was in zip(chunked.buffers(), buffers, strict=True):
                     b.copy_(was)
@@ -207,11 +208,11 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
         return x.to(device)
 
     def step(t: int, hold: Hold, timings: int = 1) -> StepCost:
-        chunked.plan = lambda frames: [hold] * math.ceil(frames / chunked.chunk_frames)
         x = frames(t)
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
         labels = torch.randint(0, shape.classes, x.shape[:2], generator=g).to(device)
-        return measure_step(model, x, mask, labels, timings)
+        with chunked.holding(chunk, lambda frames: [hold] * math.ceil(frames / chunk)):
+            return measure_step(model, x, mask, labels, timings)
 
     with _left_as_it_was(model, chunked, device):
         # Holding stages takes non-reentrant checkpoint's early stop, which fairscale has not,
@@ -223,7 +224,7 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
             else []
         )
         chunked.hold_stages(starts)
-        k = chunked.chunk_frames = chunk
+        k = chunk
         short, long = 2 * k, 4 * k
         recomputed_short = step(short, NOTHING)
         recomputed = step(long, NOTHING)
@@ -232,7 +233,7 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
         # so their bytes come from the peak's growth between two lengths.
         holds = [Hold(h) for h in range(1, len(chunked.stages) + 1)]
         staged = [(step(short, hold), step(long, hold)) for hold in holds]
-        *before_stages, forward = _forward_seconds(model, chunked, frames(long))
+        *before_stages, forward = _forward_seconds(model, chunked, frames(long), k)
 
     def per_frame(at_short: StepCost, at_long: StepCost) -> float:
         return (at_long.peak_bytes - at_short.peak_bytes) / (long - short)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_batch
+from conftest import random_batch, tiny_model
 from distseq.config import HeadConfig, MemoryConfig, ModelConfig, Recompute
+from distseq.memory.chunked import NOTHING, WHOLE
 from distseq.memory.policy import apply_memory_policy
 from distseq.model.video import build_model
 
@@ -30,3 +31,13 @@ def test_keys_are_those_of_the_plain_model(recompute: Recompute, tbptt: int) -> 
         torch.testing.assert_close(
             policed.eval()(batch.frames, batch.mask), plain.eval()(batch.frames, batch.mask)
         )
+
+
+def test_a_probe_runs_by_its_holds_inside_holding_and_leaves_the_model_as_it_was() -> None:
+    model = tiny_model(backbone="tiny_cnn", chunk=4)
+    model.keep_frames = 4
+    assert model.holds(8) == [NOTHING, WHOLE]
+    with pytest.raises(KeyboardInterrupt), model.holding(2, lambda t: [WHOLE] * -(-t // 2)):
+        assert model.chunk_frames == 2 and model.holds(8) == [WHOLE] * 4
+        raise KeyboardInterrupt  # put back on any way out
+    assert model.chunk_frames == 4 and model.plan is None and model.holds(8) == [NOTHING, WHOLE]
