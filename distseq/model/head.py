@@ -171,45 +171,65 @@ class TemporalHead(nn.Module):
         return self.classifier(self.dropout(x)), after
 
 
-def build_head(in_dim: int, cfg: HeadConfig, num_classes: int) -> nn.Module:
-    kind = Temporal(cfg.kind)  # a plain string in the config (it may be an import path too)
-    if kind is Temporal.mstcn:
-        return MSTCN(
-            in_dim,
-            num_classes,
-            stages=cfg.stages,
-            layers=cfg.layers,
-            channels=cfg.hidden,
-            dropout=cfg.dropout,
-            causal=cfg.causal,
-        )
-    if kind is Temporal.transformer:
-        return LocalTransformer(
-            in_dim,
-            num_classes,
-            width=cfg.hidden,
-            layers=cfg.layers,
-            heads=cfg.attention_heads,
-            window=cfg.window,
-            causal=cfg.causal,
-            dropout=cfg.dropout,
-        )
-    rnn: nn.LSTM | nn.GRU | None = None
-    out_dim = in_dim
-    if kind is not Temporal.none:
-        rnn_cls = nn.LSTM if kind is Temporal.lstm else nn.GRU
-        rnn = rnn_cls(
-            in_dim,
-            cfg.hidden,
-            num_layers=cfg.layers,
-            batch_first=True,
-            dropout=cfg.dropout if cfg.layers > 1 else 0.0,
-            bidirectional=cfg.bidirectional,
-        )
-        out_dim = cfg.hidden * (2 if cfg.bidirectional else 1)
-        if cfg.chrono_frames:
-            _chrono(rnn, cfg.chrono_frames)
+def _mstcn(in_dim: int, cfg: HeadConfig, num_classes: int) -> nn.Module:
+    return MSTCN(
+        in_dim,
+        num_classes,
+        stages=cfg.stages,
+        layers=cfg.layers,
+        channels=cfg.hidden,
+        dropout=cfg.dropout,
+        causal=cfg.causal,
+    )
+
+
+def _transformer(in_dim: int, cfg: HeadConfig, num_classes: int) -> nn.Module:
+    return LocalTransformer(
+        in_dim,
+        num_classes,
+        width=cfg.hidden,
+        layers=cfg.layers,
+        heads=cfg.attention_heads,
+        window=cfg.window,
+        causal=cfg.causal,
+        dropout=cfg.dropout,
+    )
+
+
+def _recurrent(in_dim: int, cfg: HeadConfig, num_classes: int) -> nn.Module:
+    """An LSTM or GRU and the classifier, or (``none``) the classifier alone."""
+    kind = Temporal(cfg.kind)
+    if kind is Temporal.none:
+        return TemporalHead(None, nn.Linear(in_dim, num_classes), cfg.dropout)
+    rnn = (nn.LSTM if kind is Temporal.lstm else nn.GRU)(
+        in_dim,
+        cfg.hidden,
+        num_layers=cfg.layers,
+        batch_first=True,
+        dropout=cfg.dropout if cfg.layers > 1 else 0.0,
+        bidirectional=cfg.bidirectional,
+    )
+    if cfg.chrono_frames:
+        _chrono(rnn, cfg.chrono_frames)
+    out_dim = cfg.hidden * (2 if cfg.bidirectional else 1)
     return TemporalHead(rnn, nn.Linear(out_dim, num_classes), cfg.dropout)
+
+
+# model.head.kind -> its builder (in_features, the head's config, classes): every kind distseq
+# has, which Temporal names.
+HEADS: dict[Temporal, Callable[[int, HeadConfig, int], nn.Module]] = {
+    Temporal.lstm: _recurrent,
+    Temporal.gru: _recurrent,
+    Temporal.none: _recurrent,
+    Temporal.mstcn: _mstcn,
+    Temporal.transformer: _transformer,
+}
+
+
+def build_head(in_dim: int, cfg: HeadConfig, num_classes: int) -> nn.Module:
+    """distseq's head of kind ``cfg.kind`` (a value of Temporal; an import path is
+    model.imported's) over ``in_dim`` features a frame."""
+    return HEADS[Temporal(cfg.kind)](in_dim, cfg, num_classes)
 
 
 def _chrono(rnn: nn.LSTM | nn.GRU, frames: int) -> None:

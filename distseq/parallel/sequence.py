@@ -114,8 +114,7 @@ class SequenceSplit:
     def __init__(self, model: VideoModel, group: dist.ProcessGroup) -> None:
         self.group = group
         self.index, self.size = group.rank(), group.size()
-        training_bn = [bn for bn in batchnorms(model.backbone) if bn.momentum is None]
-        if training_bn:
+        if any(bn.momentum is None for bn in batchnorms(model.backbone)):
             raise ModelError(
                 f"sequence={self.size}: a BatchNorm layer with momentum=None (a cumulative "
                 "average) cannot be joined across a sequence group; give it a momentum, freeze "

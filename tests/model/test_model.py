@@ -11,10 +11,10 @@ import torchvision
 from torch import nn
 
 from conftest import random_batch, tiny_model
-from distseq.config import BackboneConfig, HeadConfig, Norm, load_config
+from distseq.config import BackboneConfig, HeadConfig, Norm, Temporal, load_config
 from distseq.errors import ConfigError
 from distseq.model.backbone import build_backbone
-from distseq.model.head import Carry, build_head
+from distseq.model.head import HEADS, Carry, build_head
 
 
 @pytest.mark.parametrize(
@@ -196,3 +196,9 @@ def test_each_head_kind_builds_its_own_rnn() -> None:
     assert type(build_head(8, HeadConfig(kind="gru"), 2).rnn) is torch.nn.GRU
     assert build_head(8, HeadConfig(kind="none"), 2).rnn is None
     assert isinstance(tiny_model().head.rnn, torch.nn.LSTM)  # the default
+
+
+def test_every_head_kind_has_a_builder() -> None:
+    assert set(HEADS) == set(Temporal)  # model.head.kind's values, each buildable
+    for kind in Temporal:
+        assert isinstance(build_head(8, HeadConfig(kind=kind.value, hidden=8), 2), torch.nn.Module)
