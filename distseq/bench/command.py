@@ -156,9 +156,10 @@ def _add_traffic(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--recompute",
-        default="torch",
-        choices=["torch", "none"],
-        help="memory.recompute: none holds every chunk's activations (the peak column)",
+        nargs="+",
+        default=["torch"],
+        choices=[r.value for r in Recompute],
+        help="recompute backends, one case each (memory.recompute; none holds every chunk)",
     )
     p.add_argument(
         "--modes", nargs="+", default=["fsdp", "ddp"], choices=["fsdp", "ddp"], help="parallel.mode"

@@ -35,7 +35,7 @@ from distseq.config import (
     Norm,
     Recompute,
 )
-from distseq.data.format import load_manifest
+from distseq.data.manifest import load_manifest
 from distseq.data.val_stream import val_batches
 from distseq.memory.measure import measure_step, peak_and_seconds, peak_memory
 from distseq.memory.policy import apply_memory_policy

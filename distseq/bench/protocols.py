@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distseq.data.datasets import CHOLEC80_PHASES
-from distseq.evaluate.evaluation import Judging
+from distseq.data.cholec80 import CHOLEC80_PHASES
+from distseq.evaluate.judging import Judging
 from distseq.evaluate.metrics import METRICS, PROTOCOLS
 from distseq.evaluate.scored_files import score_files
 

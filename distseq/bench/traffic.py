@@ -63,7 +63,8 @@ class TrafficBench:
     worlds: list[int] = field(default_factory=lambda: [1, 2, 4, 6])
     modes: list[str] = field(default_factory=lambda: ["fsdp", "ddp"])
     sequences: list[int] = field(default_factory=lambda: [1, 2])  # S; those dividing a world
-    recompute: str = "torch"  # memory.recompute: "none" holds every chunk's activations
+    # memory.recompute, one run each: "none" holds every chunk's activations
+    recompute: list[str] = field(default_factory=lambda: ["torch"])
     json: bool = False
 
 
@@ -81,6 +82,7 @@ class TrafficRecord:
     step_seconds: float  # the slowest rank's median of three uncounted steps
     sequence: int = 1  # S: each sequence split across S ranks
     peak_bytes: int = 0  # the largest rank's peak above the step's start (memory.measure)
+    recompute: str = "torch"  # memory.recompute
 
 
 def feature_bytes(model: ChunkedModel, frames: int, sequence: int, batch: int = 1) -> int:
@@ -134,11 +136,10 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch, world: int
 
 
 def _record(
-    opts: TrafficBench, info: DistInfo, mode: str, chunks: int, sequence: int
+    opts: TrafficBench, info: DistInfo, mode: str, chunks: int, sequence: int, recompute: str
 ) -> TrafficRecord:
     """On each rank: one step to warm up, three timed, one counted, one measured."""
-    recompute = Recompute(opts.recompute)
-    model = bench_model(opts.backbone, recompute, opts.frames // chunks, info.device)
+    model = bench_model(opts.backbone, Recompute(recompute), opts.frames // chunks, info.device)
     features = feature_bytes(model, opts.frames, sequence)
     predicted = predicted_bytes(model, mode, info.world) + features
     parameters = sum(p.numel() for p in model.parameters())
@@ -161,7 +162,7 @@ def _record(
     wire = wire_bytes(counter.bytes, w) - features * ((w - 1) / w - (s - 1) / s)
     return TrafficRecord(
         mode, info.world, chunks, parameters, dict(counter.counts), dict(counter.bytes),
-        sum(counter.bytes.values()), predicted, wire, slowest, sequence, int(largest),
+        sum(counter.bytes.values()), predicted, wire, slowest, sequence, int(largest), recompute,
     )  # fmt: skip
 
 
@@ -202,13 +203,12 @@ def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
     records: list[TrafficRecord] = []
     if not opts.json:
         print(
-            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, recompute "
-            f"{opts.recompute}, one sequence a data-parallel rank, split across S ranks (MiB per "
-            "rank; wire: ring algorithms over one rank's link; peak: the largest rank's, above "
-            "the step's start)"
+            f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, one sequence a data-"
+            "parallel rank, split across S ranks (MiB per rank; wire: ring algorithms over one "
+            "rank's link; peak: the largest rank's, above the step's start)"
         )
         print(
-            f"{'mode':>5} {'world':>5} {'S':>2} {'chunks':>6} {'collectives':>11} "
+            f"{'mode':>5} {'recompute':>9} {'world':>5} {'S':>2} {'chunks':>6} {'collectives':>11} "
             f"{'all_gather':>10} "
             f"{'reduce_sc':>9} {'all_reduce':>10} {'total':>8} {'predicted':>9} "
             f"{'other B':>7} {'wire':>8} {'step s':>7} {'peak':>8}"
@@ -221,7 +221,7 @@ def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
                 continue
             mib = {k: r.bytes.get(k, 0) / MIB for k in _RING}
             print(
-                f"{r.mode:>5} {r.world:>5} {r.sequence:>2} {r.chunks:>6} "
+                f"{r.mode:>5} {r.recompute:>9} {r.world:>5} {r.sequence:>2} {r.chunks:>6} "
                 f"{sum(r.counts.values()):>11} "
                 f"{mib['all_gather']:>10.2f} {mib['reduce_scatter']:>9.2f} "
                 f"{mib['all_reduce']:>10.2f} {r.total_bytes / MIB:>8.2f} "
@@ -237,7 +237,8 @@ def _main() -> None:
     opts = TrafficBench(**json.loads(sys.argv[1]))
     info = init_distributed()
     records = [
-        _record(opts, info, mode, chunks, s)
+        _record(opts, info, mode, chunks, s, recompute)
+        for recompute in opts.recompute
         for s in opts.sequences
         if info.world % s == 0
         for mode in opts.modes

@@ -17,7 +17,7 @@ import torch
 from PIL import ExifTags, Image
 from torchcodec.decoders import decode_jpeg
 
-from distseq.data.format import FEATURES_MEMBER, FRAME_MEMBER_RE, LABELS_MEMBER
+from distseq.data.manifest import FEATURES_MEMBER, FRAME_MEMBER_RE, LABELS_MEMBER
 from distseq.data.tar import Sample
 from distseq.errors import DataError, first_line
 

@@ -8,7 +8,7 @@ black rim sits in the middle of the image (labelled with the new phase). A per-f
 therefore stays near the class prior (~1/P); a CNN+RNN that detects markers and counts them gets
 ~100 %. (The demo's task, ``distseq.demo.task``, has a cue of its own, to be recalled.)
 
-Shards use the format that ``distseq.data.format`` describes: one sample per
+Shards use the format that ``distseq.data.manifest`` describes: one sample per
 sequence with members ``<key>.<frame:06d>.jpg`` and ``<key>.labels.json``, plus ``index.json``.
 Output is a pure function of the arguments: per-sequence RNGs are seeded from (seed, split, index),
 tar headers carry a fixed mtime/owner, and JPEG encoding (TorchCodec's libjpeg-turbo) is
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import webdataset as wds
 from torchcodec.encoders import JpegEncoder
 
-from distseq.data.format import (
+from distseq.data.manifest import (
     JPEG_QUALITY,
     LABELS_MEMBER,
     Manifest,

@@ -68,7 +68,7 @@ def expand(urls: str, key: str, split: str = "") -> list[str]:
 
 def _folder(folder: Path, key: str, split: str) -> list[str]:
     """The shards of ``split`` in ``folder``, as its ``index.json`` lists them, in name order.
-    The manifest is checked in full where it is read (data.format); this reads its splits."""
+    The manifest is checked in full where it is read (data.manifest); this reads its splits."""
     index = folder / "index.json"
     if not split:
         raise ConfigError(

@@ -36,8 +36,8 @@ from distseq.config import DataConfig
 from distseq.data import augment
 from distseq.data.batch import Batch, collate
 from distseq.data.decode import Video, check_sample, decode, jpeg_size, stack
-from distseq.data.format import Manifest, load_manifest
 from distseq.data.loader import Stream, loader, on_error, worker_slot
+from distseq.data.manifest import Manifest, load_manifest
 from distseq.data.tar import Sample, check_shards_exist, expand, read_shard
 from distseq.errors import DataError
 

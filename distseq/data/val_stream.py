@@ -15,8 +15,8 @@ import torch
 from distseq.config import DataConfig
 from distseq.data.batch import Batch, Row, collate, empty_batch
 from distseq.data.decode import check_sample, decode
-from distseq.data.format import Manifest
 from distseq.data.loader import Stream, loader, on_error, worker_slot
+from distseq.data.manifest import Manifest
 from distseq.data.tar import check_shards_exist, expand, read_shard, shard_name
 from distseq.errors import DataError
 

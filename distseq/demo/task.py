@@ -17,7 +17,7 @@ from the cue's own frames, and truncated BPTT then read the colour 200 frames la
 state an untrained GRU keeps anyway (1.0 accuracy on one seed of two).
 
 Positions are drawn per sequence (seeded from seed, split and index), so the output is a pure
-function of the arguments, written as real shards in the format of ``distseq.data.format``.
+function of the arguments, written as real shards in the format of ``distseq.data.manifest``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from distseq.data.decode import UNLABELLED
-from distseq.data.format import Manifest
+from distseq.data.manifest import Manifest
 from distseq.data.synthetic import write_shards
 
 CLASSES = ["red", "blue"]  # chance is 1/2

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from distseq.config import Config, MemoryConfig, Recompute, load_config
-from distseq.data.format import Manifest, find_manifest
+from distseq.data.manifest import Manifest, find_manifest
 from distseq.data.train_stream import train_batches
 from distseq.demo.task import CLASSES, write_task
 from distseq.memory.measure import measure_step

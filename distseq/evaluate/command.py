@@ -11,8 +11,8 @@ from typing import TypeAlias
 from distseq.checkpoint.export import load_model
 from distseq.data.label_text import read_mapping
 from distseq.errors import ConfigError
-from distseq.evaluate.evaluation import Judging, evaluate, table, write_report
 from distseq.evaluate.folds import folds_table, over_folds
+from distseq.evaluate.judging import Judging, evaluate, table, write_report
 from distseq.evaluate.metrics import PROTOCOLS
 from distseq.evaluate.report import make_report
 from distseq.evaluate.scored_files import score_files

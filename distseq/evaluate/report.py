@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from distseq.checkpoint.export import load_checkpointed
-from distseq.data.format import find_manifest, load_manifest
+from distseq.data.manifest import find_manifest, load_manifest
 from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError, TrainingError

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from distseq.data.datasets import default_class_order
+from distseq.data.cholec80 import default_class_order
 from distseq.data.label_text import csv_classes, frame_labels, labelled_frames
 from distseq.errors import ConfigError, DataError
-from distseq.evaluate.evaluation import Judging, scoring_of
+from distseq.evaluate.judging import Judging, scoring_of
 from distseq.evaluate.metrics import count_video, summarize
 
 # How a video's file may be named: <video>-phase.txt (Cholec80), <video>.txt|.csv|.tsv, or

@@ -4,7 +4,7 @@ torchvision backbone's, by name and weights, with no trained run: ``named_backbo
 - ``shards`` (the default): feature shards that ``data.features=true`` trains on. Each input
   shard becomes one of the same name, every video a sample of float16 features (frames,
   features) and its labels, and an ``index.json`` beside them names the classes, each shard's
-  split, the feature size and the backbone (``data.format``).
+  split, the feature size and the backbone (``data.manifest``).
 - ``npy``: every video's features as ``<video>.npy`` of shape (features, frames), float32, the
   layout that action-segmentation code (MS-TCN and its successors) reads.
 
@@ -34,7 +34,7 @@ from tqdm import tqdm
 from distseq.checkpoint.export import Loaded
 from distseq.config import BackboneConfig, Config, DataConfig, ModelConfig, Norm
 from distseq.data.decode import check_sample
-from distseq.data.format import (
+from distseq.data.manifest import (
     FEATURES_MEMBER,
     LABELS_MEMBER,
     Manifest,

@@ -26,7 +26,7 @@ import torch
 from distseq.checkpoint.export import Loaded
 from distseq.data.decode import Video as ShardVideo
 from distseq.data.decode import check_sample, decode
-from distseq.data.format import JPEG_QUALITY, Manifest, find_manifest
+from distseq.data.manifest import JPEG_QUALITY, Manifest, find_manifest
 from distseq.data.sources import find_sources
 from distseq.data.tar import EVERY_SPLIT, expand, is_shard_folder, read_shard
 from distseq.data.video import source_frames

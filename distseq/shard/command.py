@@ -1,5 +1,5 @@
 """``distseq shard``: videos or frame folders plus phase labels -> shards in format v1
-(``distseq.data.format``); or, with ``--released ROOT --fold N``, the released features of an
+(``distseq.data.manifest``); or, with ``--released ROOT --fold N``, the released features of an
 action-segmentation dataset (MS-TCN's layout) -> feature shards.
 
 The options, each checked, and the run over ``write.py`` (or ``released.py``).
@@ -12,9 +12,9 @@ import os
 from fractions import Fraction
 from pathlib import Path
 
-from distseq.data.datasets import STANDARD_SPLITS
-from distseq.data.format import JPEG_QUALITY, SPLITS, Manifest
+from distseq.data.cholec80 import STANDARD_SPLITS
 from distseq.data.label_text import read_mapping, read_video_list
+from distseq.data.manifest import JPEG_QUALITY, SPLITS, Manifest
 from distseq.data.sources import safe_stem
 from distseq.errors import ConfigError
 from distseq.files import output_folder

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from distseq.data.decode import UNLABELLED
-from distseq.data.format import LABELS_MEMBER, frame_member
+from distseq.data.manifest import LABELS_MEMBER, frame_member
 from distseq.data.sources import Source, image_files
 from distseq.data.tar import add_member
 from distseq.data.video import source_frames

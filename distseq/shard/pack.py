@@ -3,7 +3,7 @@
 Layout of ``--out``::
 
     train-000000.tar, val-000000.tar, ...  finished shards; only ever created by os.replace
-    index.json                              the manifest of distseq.data.format plus "fps",
+    index.json                              the manifest of distseq.data.manifest plus "fps",
                                             "size", "sources"
     .done/options.json                      the options that fix what a sample holds
     .done/<first shard>.json                commit records: a group of shards and their videos
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from distseq.data.format import (
+from distseq.data.manifest import (
     LABELS_MEMBER,
     SPLITS,
     Manifest,

@@ -11,7 +11,7 @@ A release ``ROOT`` holds::
 
 One fold N becomes ``train-NNNNNN.tar`` (split ``train``: the train bundle's videos) and
 ``test-NNNNNN.tar`` (split ``test``: the test bundle's), ``videos_per_shard`` videos each in bundle
-order, in the format ``distseq features`` writes (``distseq.data.format``): per video
+order, in the format ``distseq features`` writes (``distseq.data.manifest``): per video
 ``<video>.features.npy``, float16 (frames, features), and ``<video>.labels.json``, the class ids.
 MS-TCN has no val set and validates on the test videos; so may ``data.val`` (it takes shards of
 any split), and ``distseq eval --split test`` finds them from the run's manifest.
@@ -38,7 +38,8 @@ from torch import nn
 from tqdm import tqdm
 
 from distseq.data.decode import npy_error
-from distseq.data.format import (
+from distseq.data.label_text import read_mapping, read_text, read_video_list
+from distseq.data.manifest import (
     FEATURES_MEMBER,
     LABELS_MEMBER,
     Manifest,
@@ -46,7 +47,6 @@ from distseq.data.format import (
     shard_label_counts,
     write_manifest,
 )
-from distseq.data.label_text import read_mapping, read_text, read_video_list
 from distseq.data.sources import safe_stem
 from distseq.data.tar import add_member
 from distseq.errors import ConfigError, DataError, ModelError, first_line

@@ -24,9 +24,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from distseq.data.datasets import default_class_order, standard_split
+from distseq.data.cholec80 import default_class_order, standard_split
 from distseq.data.decode import UNLABELLED
-from distseq.data.format import SPLITS
+from distseq.data.manifest import SPLITS
 from distseq.data.sources import find_sources
 from distseq.errors import ConfigError, DataError
 from distseq.shard.encode import Job, encode_all, file_sha256, source_bytes

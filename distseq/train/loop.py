@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from distseq.checkpoint.out_dir import check_shared
 from distseq.checkpoint.sharded import (
     Position,
     RankState,
@@ -26,10 +27,9 @@ from distseq.checkpoint.sharded import (
     restore_training,
     save_checkpoint,
 )
-from distseq.checkpoint.shared import check_shared
 from distseq.config import Config, Offload, to_yaml, with_absolute_paths
 from distseq.data.batch import Batch
-from distseq.data.format import Manifest, load_manifest
+from distseq.data.manifest import Manifest, load_manifest
 from distseq.data.tar import expand, shard_name
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches

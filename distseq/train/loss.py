@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from distseq.config import LossConfig
-from distseq.data.format import Manifest
+from distseq.data.manifest import Manifest
 from distseq.errors import ConfigError, ModelError
 
 

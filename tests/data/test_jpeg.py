@@ -15,7 +15,7 @@ from PIL import Image
 from torchcodec.encoders import JpegEncoder, PngEncoder
 
 from distseq.data.decode import decode, decode_jpeg_rgb, jpeg_size
-from distseq.data.format import JPEG_QUALITY
+from distseq.data.manifest import JPEG_QUALITY
 from distseq.data.sources import Source
 from distseq.data.synthetic import encode_sample, sequences
 from distseq.data.video import source_frames

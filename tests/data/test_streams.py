@@ -17,7 +17,7 @@ from torchcodec.encoders import JpegEncoder
 from distseq.config import DataConfig
 from distseq.data import train_stream
 from distseq.data.batch import IGNORE_INDEX, Batch, empty_batch
-from distseq.data.format import load_manifest
+from distseq.data.manifest import load_manifest
 from distseq.data.synthetic import MARKER_FRAMES, encode_sample, sequences, write_synthetic
 from distseq.data.tar import longest_sample
 from distseq.data.train_stream import train_batches

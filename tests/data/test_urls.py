@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from distseq.config import DataConfig
-from distseq.data.format import find_manifest
+from distseq.data.manifest import find_manifest
 from distseq.data.tar import EVERY_SPLIT, expand, is_shard_folder
 from distseq.data.train_stream import train_batches
 from distseq.errors import ConfigError, DataError

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from distseq.data.decode import UNLABELLED
-from distseq.data.format import find_manifest
+from distseq.data.manifest import find_manifest
 from distseq.demo.task import CLASSES, CUE_FRAMES, make_sequence, sequences, write_task
 
 LENGTH, SIZE = 512, 16

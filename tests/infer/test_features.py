@@ -15,7 +15,7 @@ import torch
 from conftest import ONE, untrained
 from distseq.checkpoint.export import Loaded
 from distseq.cli import main
-from distseq.data.format import find_manifest
+from distseq.data.manifest import find_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
 from distseq.infer.features import write_features

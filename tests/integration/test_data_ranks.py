@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import torchrun
-from distseq.data.format import load_manifest
+from distseq.data.manifest import load_manifest
 from distseq.data.synthetic import encode_sample, sequences
 from distseq.data.val_stream import val_batches
 from streams import (

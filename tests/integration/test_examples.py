@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from conftest import REPO, launch_torchrun
-from distseq.data.format import find_manifest
+from distseq.data.manifest import find_manifest
 
 EXAMPLES = REPO / "examples"
 

@@ -13,7 +13,7 @@ from conftest import assert_identical, full_state, tiny_config
 from conftest import run_distseq as distseq
 from distseq.checkpoint.export import load_exported
 from distseq.config import load_config
-from distseq.data.format import load_manifest
+from distseq.data.manifest import load_manifest
 from distseq.data.val_stream import val_batches
 
 

@@ -11,7 +11,7 @@ import pytest
 from test_shard import SIZE, frame_folder, read_back, shard
 
 from distseq.data.batch import IGNORE_INDEX
-from distseq.data.datasets import standard_split
+from distseq.data.cholec80 import standard_split
 from distseq.errors import ConfigError, DataError
 
 

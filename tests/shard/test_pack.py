@@ -8,7 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from distseq.data.format import ShardInfo
+from distseq.data.manifest import ShardInfo
 from distseq.shard.pack import Packer, next_indices, read_commits, write_index
 
 

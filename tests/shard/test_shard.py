@@ -25,7 +25,7 @@ from torchvision.transforms.v2.functional import center_crop, resize
 
 from conftest import REPO
 from distseq.config import DataConfig
-from distseq.data.format import load_manifest
+from distseq.data.manifest import load_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError, DataError
 from distseq.shard.command import add_parser, parse_options

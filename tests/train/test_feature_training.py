@@ -15,10 +15,10 @@ import torch
 from conftest import ONE
 from distseq.checkpoint.export import Loaded, load_model
 from distseq.config import Config, load_config
-from distseq.data.format import find_manifest
+from distseq.data.manifest import find_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
-from distseq.evaluate.evaluation import Judging, evaluate
+from distseq.evaluate.judging import Judging, evaluate
 from distseq.infer.features import write_features
 from distseq.infer.predict import FrameRecipe
 from distseq.model.video import FeatureModel, build_model

@@ -13,7 +13,7 @@ from conftest import random_batch, tiny_config, tiny_model
 from distseq.bench.heads import mstcn_code_loss
 from distseq.config import LossConfig, load_config
 from distseq.data.batch import IGNORE_INDEX, Batch
-from distseq.data.format import Manifest, ShardInfo
+from distseq.data.manifest import Manifest, ShardInfo
 from distseq.errors import ConfigError, ModelError
 from distseq.train.loop import train
 from distseq.train.loss import Loss, build_loss, median_frequency

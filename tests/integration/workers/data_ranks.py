@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from conftest import report
 from distseq.config import DataConfig
-from distseq.data.format import load_manifest
+from distseq.data.manifest import load_manifest
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches
 

@@ -1,4 +1,4 @@
-"""index.json (data/format.py): per-shard label counts, read, written and summed."""
+"""index.json (data/manifest.py): per-shard label counts, read, written and summed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from distseq.data.format import FORMAT, Manifest, ShardInfo, parse_manifest, write_manifest
+from distseq.data.manifest import FORMAT, Manifest, ShardInfo, parse_manifest, write_manifest
 from distseq.errors import DataError
 
 

@@ -14,7 +14,7 @@ import torch
 
 from distseq.checkpoint.export import Loaded
 from distseq.config import DataConfig
-from distseq.data.format import SPLITS, Manifest, check_kind, find_manifest
+from distseq.data.manifest import SPLITS, Manifest, check_kind, find_manifest
 from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
