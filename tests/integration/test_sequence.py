@@ -89,15 +89,22 @@ def losses(run: Path) -> dict[int, float]:
 def test_distseq_train_split_then_resumed_across_s_is_the_one_process_run(
     shards: Path, tmp_path: Path
 ) -> None:
-    """``distseq train`` at parallel.sequence=2 (2 ranks, BatchNorm training): steps 1-2 split,
-    step 3 resumed in one process; and steps 1-2 in one process, step 3 resumed split. Both end
-    with the one-process run's parameters, BatchNorm statistics, losses and scores."""
+    """``distseq train`` at parallel.sequence=2 (2 ranks): steps 1-2 split, step 3 resumed in
+    one process; and steps 1-2 in one process, step 3 resumed split. Both end with the
+    one-process run's parameters, BatchNorm statistics, losses and scores, with BatchNorm
+    training, ordered windows carrying the head's state, truncated BPTT every 4 frames and the
+    head's dropout (the CNN draws nothing, so the split draws as one process does)."""
     config = tiny_config(tmp_path, shards)
+    # One set of runs for all of these: each torchrun start costs seconds of the suite.
+    options = [
+        "train.save_every=1", "model.backbone.norm=batchnorm", "data.ordered=true",
+        "memory.tbptt_frames=4", "model.head.dropout=0.3",
+    ]  # fmt: skip
 
     def train(out: Path, *extra: str, ranks: int = 0) -> subprocess.CompletedProcess[str]:
         proc = run_distseq(
-            "train", str(config), f"train.out_dir={out}", "train.save_every=1",
-            "model.backbone.norm=batchnorm", *extra, cwd=tmp_path, torchrun=ranks,
+            "train", str(config), f"train.out_dir={out}", *options, *extra,
+            cwd=tmp_path, torchrun=ranks,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc
@@ -127,26 +134,3 @@ def test_distseq_train_split_then_resumed_across_s_is_the_one_process_run(
                         "val_accuracy"
                     ]
                 )
-
-
-def test_ordered_windows_truncated_bptt_and_head_dropout_split_as_one_process(
-    shards: Path, tmp_path: Path
-) -> None:
-    """Ordered streaming carries the head's state from window to window, truncated BPTT detaches
-    it every 4 frames and the head draws dropout masks: split over 2 ranks (the CNN draws
-    nothing), the run is the one-process run."""
-    config = str(tiny_config(tmp_path, shards))
-    extra = ["data.ordered=true", "memory.tbptt_frames=4", "model.head.dropout=0.3"]
-    runs = {}
-    for name, ranks, split in (("one", 0, []), ("split", 2, ["parallel.sequence=2"])):
-        out = tmp_path / name
-        proc = run_distseq(
-            "train", config, f"train.out_dir={out}", *extra, *split, cwd=tmp_path, torchrun=ranks
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[name] = out
-    ref = full_state(runs["one"] / "checkpoints/step_00000003")["model"]
-    got = full_state(runs["split"] / "checkpoints/step_00000003")["model"]
-    for k, v in ref.items():
-        assert rel(got[k].float(), v.float(), 1e-8) < TOL, k
-    assert losses(runs["split"]) == pytest.approx(losses(runs["one"]), rel=1e-5)
