@@ -103,6 +103,7 @@ def plan_memory(
     classes: int,
     *,
     wrapped: nn.Module | None = None,
+    sequence: int = 1,
     say: Callable[[str], None] = print,
 ) -> Plan:
     """The least recompute that fits ``budget`` for a training step on ``frames``' shape: see
@@ -111,4 +112,13 @@ def plan_memory(
     from distseq.memory.budget import plan_memory as plan
     from distseq.parallel import from_rank_zero
 
-    return plan(model, budget, frames, classes, wrapped=wrapped, say=say, agree=from_rank_zero)
+    return plan(
+        model,
+        budget,
+        frames,
+        classes,
+        wrapped=wrapped,
+        sequence=sequence,
+        say=say,
+        agree=from_rank_zero,
+    )

@@ -36,7 +36,7 @@ from torch import nn
 from distseq.bench.collectives import CollectiveCounter
 from distseq.bench.memory import bench_model
 from distseq.config import Recompute
-from distseq.data.batch import Batch
+from distseq.data.batch import Batch, slices
 from distseq.errors import TrainingError
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import peak_memory
@@ -47,7 +47,6 @@ from distseq.parallel import (
     init_distributed,
     parallelize,
 )
-from distseq.parallel.sequence import slices
 from distseq.train.step import clip_grad_norm, train_step
 from distseq.units import MIB
 

@@ -6,7 +6,8 @@ all of them (cheap: nothing is decoded) and keeps every (world x workers)-th sam
 is still split exactly once and no slot runs dry -> tar samples -> sample shuffle buffer -> every
 ``frame_stride``-th frame -> a random window of ``window`` frames -> augmentation drawn once per
 window (``augment.py``) and applied to all its frames at their stored size -> resize to ``size``
-x ``size`` -> batches padded to the longest window. Only the window's JPEGs are decoded. With
+x ``size`` -> batches padded to the longest window. Only the window's JPEGs are decoded; under a
+sequence split (``part``), only this rank's part of them, but with on_error=skip. With
 ``length_buckets`` N, only windows of the same one of N equal-width length buckets over
 1..window share a batch, so short windows are not padded to long ones.
 
@@ -34,7 +35,7 @@ import webdataset as wds
 
 from distseq.config import DataConfig
 from distseq.data import augment
-from distseq.data.batch import Batch, collate
+from distseq.data.batch import Batch, Part, collate
 from distseq.data.decode import Video, check_sample, decode, jpeg_size, stack
 from distseq.data.loader import Stream, loader, on_error, worker_slot
 from distseq.data.manifest import Manifest, load_manifest
@@ -54,16 +55,24 @@ class _Window:
     first: bool  # the first window of its video
     frames: torch.Tensor | list[torch.Tensor] | None = None  # decoded and augmented; features
 
-    def decode(self, size: int) -> torch.Tensor | list[torch.Tensor]:
-        if self.frames is None:
-            assert self.params is not None  # frames: drawn with the window
-            frames = decode(self.jpegs, self.where)
-            height, width = frames[0].shape[1:]
-            if augment.changes_nothing(self.params, height, width, size):
-                self.frames = frames  # nothing to change: no copy until the batch
-            else:
-                self.frames = augment.apply(stack(frames), self.params, size)
-        return self.frames
+    def decode(self, size: int, held: slice = slice(None)) -> torch.Tensor | list[torch.Tensor]:
+        """Its frames in ``held`` (all of them by default), decoded and augmented; all of them
+        are kept once decoded."""
+        if self.frames is not None:
+            return self.frames[held]
+        assert self.params is not None  # frames: drawn with the window
+        jpegs = self.jpegs[held]
+        if not jpegs:  # a slice past this window's end (Part)
+            return []
+        decoded = decode(jpegs, self.where)
+        height, width = decoded[0].shape[1:]
+        frames: torch.Tensor | list[torch.Tensor] = decoded
+        if not augment.changes_nothing(self.params, height, width, size):
+            frames = augment.apply(stack(decoded), self.params, size)
+        # Unchanged frames stay a list: no copy until the batch.
+        if held == slice(None):
+            self.frames = frames
+        return frames
 
 
 @dataclass
@@ -81,6 +90,11 @@ class _TrainWorker:
     def __init__(self, stream: _TrainStream, worker: int, workers: int, todo: int) -> None:
         self.cfg, self.num_classes, self.bad = stream.cfg, stream.num_classes, stream.bad
         self.feature_dim = stream.feature_dim
+        # A bad frame is found where it is decoded. Under a sequence split every rank of a group
+        # must skip the same samples, so with on_error=skip each decodes every frame to check
+        # them (and holds its part); with raise, a bad frame stops the run on whichever rank
+        # decodes it, and each decodes its part alone.
+        self.check_whole = stream.part is None or self.cfg.on_error == "skip"
         self.max_bad_run = stream.max_bad_run
         self.rng = random.Random(f"distseq-samples:{stream.seed}:{stream.rank}:{worker}")
         buf = self.cfg.shuffle_buffer
@@ -156,7 +170,7 @@ class _TrainWorker:
                 window.frames = video.features[start:stop]
             # Passing over batches, decode only the samples that were bad then, to see if they
             # are bad here: a window of a long video can be fine where another one was not.
-            if not self.todo or video.id in self.bad:
+            if (not self.todo and self.check_whole) or video.id in self.bad:
                 window.decode(cfg.size)
         except DataError as e:
             self._fail(video.id, e)
@@ -186,11 +200,12 @@ class _TrainStream(Stream):
         world: int,
         skip: int,
         bad: frozenset[str],
+        part: Part | None,
     ) -> None:
         self.cfg, self.urls, self.num_classes = cfg, urls, manifest.num_classes
         self.feature_dim = manifest.feature_dim  # feature shards: the feature size
         self.seed, self.rank, self.world = seed, rank, world
-        self.skip, self.bad = skip, bad
+        self.skip, self.bad, self.part = skip, bad, part
         total = sum(info.samples for info in manifest.shards.values() if info.split == "train")
         self.max_bad_run = max(total, 1)
 
@@ -232,8 +247,10 @@ class _TrainStream(Stream):
             if state.todo:
                 state.todo -= 1
                 continue
-            rows = [(w.key, w.decode(size), w.labels, w.first) for w in windows]
-            yield collate(rows, size, skipped, worker, self.feature_dim)
+            part = self.part
+            held = part.held(max(len(w.labels) for w in windows)) if part else slice(None)
+            rows = [(w.key, w.decode(size, held), w.labels, w.first) for w in windows]
+            yield collate(rows, size, skipped, worker, self.feature_dim, part)
 
 
 def train_batches(
@@ -243,9 +260,11 @@ def train_batches(
     world: int = 1,
     skip_batches: int = 0,
     bad: Collection[str] = (),
+    part: Part | None = None,
 ) -> Iterator[Batch]:
     """Data-parallel rank ``rank`` of ``world``'s infinite stream of training batches;
-    deterministic for (seed, rank, world, workers).
+    deterministic for (seed, rank, world, workers). ``part``: under a sequence split, this rank's
+    part of every batch's frames, all it holds and decodes; the same batches otherwise.
 
     ``skip_batches``: start right after the stream's first so many batches, which are read and
     drawn for but not decoded, so a resumed run gets the batches an uninterrupted one would.
@@ -259,5 +278,7 @@ def train_batches(
     manifest = load_manifest(cfg)
     if not 0 <= rank < world:
         raise ValueError(f"rank={rank} of world={world}: must be in [0, world)")
-    stream = _TrainStream(cfg, urls, manifest, seed, rank, world, skip_batches, frozenset(bad))
+    stream = _TrainStream(
+        cfg, urls, manifest, seed, rank, world, skip_batches, frozenset(bad), part
+    )
     return loader(stream, cfg.num_workers)

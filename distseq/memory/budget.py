@@ -155,6 +155,7 @@ def plan_for_budget(
         window,
         device,
         frames_on_host=cfg.memory.offload is Offload.frames,
+        sequence=cfg.parallel.sequence,
     )
 
     def plan_at(chunk: int) -> Plan:
@@ -165,7 +166,7 @@ def plan_for_budget(
         recorded = recorded or Recorded.read(path)
         if recorded is None:
             raise TrainingError(f"{path} is missing on this rank: train.out_dir must be shared")
-        plan = Plan(recorded.probe, budget, recorded.stages)
+        plan = Plan(recorded.probe, budget, recorded.stages, shape.sequence)
         plan.check(window)
         say(f"memory plan: {plan.describe(window)} (as planned at the run's start)")
     else:
@@ -201,7 +202,7 @@ def _probed_plan(
     """The plan from a probe of ``model`` at ``chunk`` frames a chunk, one rank's for all."""
     measured = probe(model, chunked, shape, chunk)
     agreed = Probe.from_tensor(agree(measured.as_tensor().to(shape.device)))
-    return Plan(agreed, budget, tuple(chunked.stages))
+    return Plan(agreed, budget, tuple(chunked.stages), shape.sequence)
 
 
 def plan_memory(
@@ -211,6 +212,7 @@ def plan_memory(
     classes: int,
     *,
     wrapped: nn.Module | None = None,
+    sequence: int = 1,
     say: Callable[[str], None] = print,
     agree: Callable[[torch.Tensor], torch.Tensor] = lambda measured: measured,
 ) -> Plan:
@@ -222,7 +224,9 @@ def plan_memory(
     not fit, a smaller chunk. Returns the plan, not yet applied: ``plan.apply(model)`` runs by
     it, ``plan.describe(T)`` says it in one line, ``save_plan`` keeps it. Every rank of a group
     must call this (the probe's steps are collectives under FSDP), and ``agree`` makes one
-    rank's measurements every rank's (``distseq.plan_memory`` passes rank 0's)."""
+    rank's measurements every rank's (``distseq.plan_memory`` passes rank 0's). ``sequence``:
+    ``parallelize``'s, for a model that splits each sequence across that many ranks (the probe
+    runs it whole, the plan is per slice)."""
     device = frames.device if not model.prefetch_frames else next(model.parameters()).device
     if frames.dim() != 5:
         raise ConfigError(f"plan_memory: frames of shape {list(frames.shape)}, not [B, T, C, H, W]")
@@ -234,7 +238,7 @@ def plan_memory(
             f"plan_memory: a budget of {format_size(budget)} is below the parameters and "
             f"optimizer state alone ({format_size(fixed)})"
         )
-    shape = RunShape(b, (h, w), classes, t, device, model.prefetch_frames, c)
+    shape = RunShape(b, (h, w), classes, t, device, model.prefetch_frames, c, sequence)
 
     def plan_at(chunk: int) -> Plan:
         return _probed_plan(wrapped or model, model, shape, chunk, budget, agree)

@@ -182,7 +182,7 @@ class ChunkedModel(VideoModel):
         self.stages: list[str] = []
         # memory.budget: each chunk's hold for a T-frame sequence (memory.plan), in place of
         # keep_frames.
-        self.plan: Callable[[int], list[Hold]] | None = None
+        self.plan: Callable[[int, int], list[Hold]] | None = None
         self._stage = 0  # the stage the running chunk is in
         self._holding: int | None = None  # in a chunk's first forward: the stage it holds from
         self._held = ExitStack()  # the running chunk's held-tensor hooks, once pushed
@@ -232,19 +232,21 @@ class ChunkedModel(VideoModel):
         self.stages = list(starts)
 
     def follow(
-        self, chunk_frames: int, stages: list[str], holds: Callable[[int], list[Hold]]
+        self, chunk_frames: int, stages: list[str], holds: Callable[[int, int], list[Hold]]
     ) -> None:
         """Run by a memory plan from the next forward on (``memory.plan.Plan.apply``): chunks of
         ``chunk_frames``, stages beginning at ``stages`` (:meth:`hold_stages`), and each chunk's
-        hold for a T-frame sequence ``holds(T)`` in place of ``keep_frames``."""
+        hold for t frames of a T-frame sequence ``holds(t, T)`` in place of ``keep_frames``
+        (t = T but under a sequence split)."""
         self.hold_stages(stages)
         self.chunk_frames = chunk_frames
         self.plan = holds
 
     @contextmanager
-    def holding(self, chunk_frames: int, holds: Callable[[int], list[Hold]]) -> Iterator[None]:
-        """Run in chunks of ``chunk_frames``, each held as ``holds(T)`` says, while inside: what a
-        probe measures one level by. The chunk size and the plan are put back on the way out."""
+    def holding(self, chunk_frames: int, holds: Callable[[int, int], list[Hold]]) -> Iterator[None]:
+        """Run in chunks of ``chunk_frames``, each held as ``holds(t, T)`` says, while inside:
+        what a probe measures one level by. The chunk size and the plan are put back on the way
+        out."""
         saved = (self.chunk_frames, self.plan)
         self.chunk_frames, self.plan = chunk_frames, holds
         try:
@@ -314,15 +316,18 @@ class ChunkedModel(VideoModel):
             self._chunk_features, *chunk, use_reentrant=False, context_fn=self._contexts
         )
 
-    def holds(self, length: int) -> list[Hold]:
-        """Each chunk's hold for a ``length``-frame sequence: the plan's, or else the chunks of
-        the last ``keep_frames`` frames whole and the rest recomputed."""
+    def holds(self, length: int, whole: int) -> list[Hold]:
+        """Each chunk's hold for ``length`` frames of a ``whole``-frame sequence (the same but
+        under a sequence split): the plan's, or else the chunks of the last ``keep_frames``
+        frames whole and the rest recomputed."""
         if self.plan is not None:
-            return self.plan(length)
+            return self.plan(length, whole)
         held_from = length - self.keep_frames
         return [WHOLE if s >= held_from else NOTHING for s in range(0, length, self.chunk_frames)]
 
-    def features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def features(
+        self, frames: torch.Tensor, mask: torch.Tensor, of: int | None = None
+    ) -> torch.Tensor:
         k, length = self.chunk_frames, frames.shape[1]
         # Which chunks hold a real frame, in one device-to-host copy for the whole sequence. A
         # chunk of padding alone costs nothing and never reaches a checkpoint: fairscale's raises
@@ -330,7 +335,7 @@ class ChunkedModel(VideoModel):
         padded = F.pad(mask, (0, -length % k)).view(mask.shape[0], -1, k)
         real = padded.any(2).any(0).tolist()
         dtype = next(self.backbone.parameters()).dtype
-        holds = self.holds(length)
+        holds = self.holds(length, of or length)
         if self.prefetch_frames:
             starts = [s for i, s in enumerate(range(0, length, k)) if real[i]]
             recomputes = torch.is_grad_enabled() and self.recompute is not Recompute.none

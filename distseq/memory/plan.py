@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from distseq.data.batch import slices
 from distseq.errors import ConfigError
 from distseq.memory.chunked import NOTHING, WHOLE, ChunkedModel, Hold
 from distseq.memory.probe import CHUNKS, Probe
@@ -135,43 +136,62 @@ class Plan:
     probe: Probe
     budget_bytes: int
     stages: tuple[str, ...] = ()  # where stages 2.. begin (memory.stages), for people
-    _layouts: dict[int, Layout] = field(default_factory=dict, repr=False, compare=False)
+    # A sequence split of this many ranks (parallel.sequence): each runs and holds the frames of
+    # its slice, t of the T, and the rest of the step (the gathered features, the head) whole.
+    sequence: int = 1
+    _layouts: dict[tuple[int, int], Layout] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def apply(self, model: ChunkedModel) -> None:
         """Run ``model`` by this plan from its next step on."""
         model.follow(self.probe.chunk_frames, list(self.stages), self.holds)
 
-    def holds(self, frames: int) -> list[Hold]:
-        return list(self.layout(frames).holds)
+    def holds(self, frames: int, whole: int | None = None) -> list[Hold]:
+        """Each chunk's hold for ``frames`` of a ``whole``-frame sequence (the same by default;
+        a rank's slice under a split)."""
+        return list(self.layout(frames, whole or frames).holds)
+
+    def widest(self, frames: int) -> int:
+        """The most frames one rank runs of a T-frame sequence: T, or the widest slice."""
+        return max(b - a for a, b in slices(frames, self.probe.chunk_frames, self.sequence))
+
+    # Of a T-frame step, on the rank with the widest slice:
 
     def peak_bytes(self, frames: int) -> float:
-        return self.layout(frames).peak_bytes
+        return self.layout(self.widest(frames), frames).peak_bytes
 
     def step_seconds(self, frames: int) -> float:
-        return self.layout(frames).seconds
+        return self.layout(self.widest(frames), frames).seconds
+
+    def base_bytes(self, frames: int, whole: int) -> float:
+        """What no hold changes: the parameters and optimizer state, the frames a rank holds and
+        the rest of the step, T-long."""
+        p = self.probe
+        return p.fixed_bytes + whole * (p.per_frame_bytes - p.frame_bytes) + frames * p.frame_bytes
 
     def floor_bytes(self, frames: int) -> float:
         """The peak with every chunk recomputed: the least any plan at this chunk size needs."""
         p = self.probe
         rest = max(p.recompute_bytes, p.held_base_bytes)
-        return p.fixed_bytes + frames * p.per_frame_bytes + rest
+        return self.base_bytes(self.widest(frames), frames) + rest
 
     def top_bytes(self, frames: int) -> float:
         """The peak with every frame held: more than this saves no time."""
-        p = self.probe
-        return p.fixed_bytes + frames * (p.per_frame_bytes + p.activation_bytes) + p.held_base_bytes
+        p, t = self.probe, self.widest(frames)
+        return self.base_bytes(t, frames) + t * p.activation_bytes + p.held_base_bytes
 
-    def layout(self, frames: int) -> Layout:
-        if frames not in self._layouts:
-            self._layouts[frames] = self._search(frames)
-        return self._layouts[frames]
+    def layout(self, frames: int, whole: int) -> Layout:
+        if (frames, whole) not in self._layouts:
+            self._layouts[frames, whole] = self._search(frames, whole)
+        return self._layouts[frames, whole]
 
-    def _search(self, frames: int) -> Layout:
+    def _search(self, frames: int, whole: int) -> Layout:
         p, k = self.probe, self.probe.chunk_frames
         n = math.ceil(frames / k)
         hull = _lower_hull(levels(p))
         pairs = list(itertools.pairwise(hull)) or [(hull[0], hull[0])]
-        base = p.fixed_bytes + frames * p.per_frame_bytes
+        base = self.base_bytes(frames, whole)
         room = self.budget_bytes - base
         plain = frames * (p.forward_seconds + p.backward_seconds)
         best = None
@@ -198,7 +218,8 @@ class Plan:
         if best is None:  # not even the floor fits: check() says so
             floor = hull[0]
             seconds = plain + frames * floor.seconds
-            best = Layout((floor.hold,) * n, self.floor_bytes(frames), seconds)
+            peak = base + max(p.recompute_bytes, p.held_base_bytes)
+            best = Layout((floor.hold,) * n, peak, seconds)
         return best
 
     def check(self, frames: int) -> None:
@@ -208,8 +229,10 @@ class Plan:
         if floor <= self.budget_bytes:
             return
         p = self.probe
-        room = self.budget_bytes - (floor - frames * p.per_frame_bytes)  # for the T-long part
-        largest = int(room // p.per_frame_bytes)
+        # What a frame more of T costs: the rest of the step, and a share of a frame held.
+        grows = p.per_frame_bytes - p.frame_bytes * (1 - 1 / self.sequence)
+        room = self.budget_bytes - (floor - frames * grows)  # for the T-long part
+        largest = int(room // grows)
         window = f"data.window <= {largest}, " if largest >= 1 else ""
         raise ConfigError(
             f"config key memory.budget: {format_size(self.budget_bytes)} is below the "
@@ -221,7 +244,8 @@ class Plan:
     def describe(self, frames: int) -> str:
         """One line: what is kept and held, the predicted peak, and the share of forward time
         that is recomputed."""
-        p, layout = self.probe, self.layout(frames)
+        p, t = self.probe, self.widest(frames)
+        layout = self.layout(t, frames)
         counts, stages = Counter(layout.holds), len(p.stage_bytes) + 1
         # People count stages from 1, the stem's: Hold(h) keeps stages h + 1 to the last.
         held = [
@@ -236,10 +260,12 @@ class Plan:
                 f"{counts[NOTHING]} {'recomputes' if counts[NOTHING] == 1 else 'recompute'} all"
             )
         rest = f", {' and '.join(held)}" if held else ""
-        forward = frames * p.forward_seconds
-        recompute = (layout.seconds - frames * (p.forward_seconds + p.backward_seconds)) / forward
+        forward = t * p.forward_seconds
+        recompute = (layout.seconds - t * (p.forward_seconds + p.backward_seconds)) / forward
+        sliced = f" in slices of up to {t} on {self.sequence} ranks" if self.sequence > 1 else ""
         return (
-            f"T={frames} chunk={p.chunk_frames}: {counts[WHOLE]}/{len(layout.holds)} chunks kept"
+            f"T={frames}{sliced} chunk={p.chunk_frames}: {counts[WHOLE]}/{len(layout.holds)} "
+            "chunks kept"
             f"{rest}; predicted peak {format_size(layout.peak_bytes)} of "
             f"{format_size(self.budget_bytes)}, recompute {recompute:.0%} of forward time"
         )
@@ -257,9 +283,9 @@ def fit(
     k = first
     while True:
         plan = plan_at(k)
-        p, floor = plan.probe, plan.floor_bytes(frames)
+        floor = plan.floor_bytes(frames)
         smaller = [c for c in CHUNKS if c < k]
-        hopeless = p.fixed_bytes + frames * p.per_frame_bytes > plan.budget_bytes
+        hopeless = plan.base_bytes(plan.widest(frames), frames) > plan.budget_bytes
         if floor <= plan.budget_bytes or not smaller or hopeless:
             plan.check(frames)
             return plan

@@ -47,6 +47,9 @@ class Probe:
     activation_bytes: float  # one held frame's CNN activations
     forward_seconds: float  # CNN forward, per frame
     backward_seconds: float  # the rest of a plain step, per frame
+    # The part of per_frame_bytes that is the batch's frames on the device: under a sequence
+    # split a rank holds its slice's alone (0 in a plan recorded before splits: all T-long).
+    frame_bytes: float = 0.0
     # Per stage split h = 1 .. stages: the held bytes and recomputed seconds of a frame whose
     # stages from h on are held, and the rest of that step's peak beyond the held bytes of the
     # chunks not yet recomputed, the recomputing one's included.
@@ -89,6 +92,7 @@ class RunShape:
     # per frame.
     frames_on_host: bool = False
     channels: int = 3
+    sequence: int = 1  # the ranks each sequence is split across (parallel.sequence)
 
     def frame_bytes(self, given: FrameInput) -> int:
         """One frame's bytes as the model takes it (uint8: 1 a value, float: 4)."""
@@ -146,7 +150,7 @@ def _forward_seconds(
         for i, name in enumerate(chunked.stages, start=1)
     ]
     mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-    whole = chunked.holding(chunk, lambda frames: [WHOLE] * math.ceil(frames / chunk))
+    whole = chunked.holding(chunk, lambda frames, _: [WHOLE] * math.ceil(frames / chunk))
     try:
         with whole:
             for run in range(1 + TIMINGS):
@@ -173,8 +177,9 @@ def _left_as_it_was(
 ) -> Iterator[None]:
     """Put back what probing changes in passing: BatchNorm buffers, the global RNG (dropout
     draws) and the gradients. (The chunking it runs by is the model's to put back:
-    ChunkedModel.holding.)"""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    ChunkedModel.holding.) Every rank runs the probe's frames whole, split or not."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), chunked.unsplit():
         buffers = [b.detach().clone() for b in chunked.buffers()]
         try:
             yield
@@ -211,7 +216,7 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
         x = frames(t)
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
         labels = torch.randint(0, shape.classes, x.shape[:2], generator=g).to(device)
-        with chunked.holding(chunk, lambda frames: [hold] * math.ceil(frames / chunk)):
+        with chunked.holding(chunk, lambda frames, _: [hold] * math.ceil(frames / chunk)):
             return measure_step(model, x, mask, labels, timings)
 
     with _left_as_it_was(model, chunked, device):
@@ -244,13 +249,14 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
     # SavedTensorBytes counts) came out 7 KB a frame short, and with 13 of 32 chunks kept a
     # plan's peak 2.8 MiB above its budget (ResNet-18, 64 px, T=1024).
     activation = max(0.0, per_frame(plain_short, plain) - in_step)
+    on_device = 0 if shape.frames_on_host else shape.batch_size * shape.frame_bytes(chunked.input)
     return Probe(
         chunk_frames=k,
         fixed_bytes=resident_bytes(model),
         # The frames are on the device before a step begins, so its peak does not count them,
         # unless they are kept in host memory.
-        per_frame_bytes=in_step
-        + (0 if shape.frames_on_host else shape.batch_size * shape.frame_bytes(chunked.input)),
+        per_frame_bytes=in_step + on_device,
+        frame_bytes=on_device,
         recompute_bytes=recomputed.peak_bytes - long * in_step,
         held_base_bytes=plain.peak_bytes - long * in_step - long * activation,
         activation_bytes=activation,

@@ -9,8 +9,8 @@ the same (``backbone.conv1.weight``, ``head.rnn.weight_ih_l0``, ``head.classifie
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import torch
@@ -63,13 +63,27 @@ class VideoModel(nn.Module):
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
 
-    def features(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Per-frame features [B, T, F]: the backbone over every real frame."""
+    def features(
+        self, frames: torch.Tensor, mask: torch.Tensor, of: int | None = None
+    ) -> torch.Tensor:
+        """Per-frame features [B, T, F]: the backbone over every real frame. ``of``: these frames
+        are a slice of an ``of``-frame sequence (a sequence split), which a memory plan sizes the
+        step by (``ChunkedModel``); the features are the slice's alone either way."""
         feats = frame_features(
             self.backbone, frames, mask, self.input, self.mean, self.std, self.feature_dim
         )
         self.feature_dim = checked_feature_dim(self.feature_dim, feats)
         return feats
+
+    @contextmanager
+    def unsplit(self) -> Iterator[None]:
+        """Every frame on this rank while inside, as without a sequence split: what the memory
+        probe measures, and a plan then puts the slices together from."""
+        split, self.split = self.split, None
+        try:
+            yield
+        finally:
+            self.split = split
 
     def temporal(
         self, feats: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
@@ -80,12 +94,13 @@ class VideoModel(nn.Module):
     def forward(
         self, frames: torch.Tensor, mask: torch.Tensor, carry: Carry | None = None
     ) -> torch.Tensor:
-        self.input.check(frames, mask)
+        split = self.split
+        if split is None:  # a split checks its slice's frames itself
+            self.input.check(frames, mask)
         # A backbone of which nothing trains (requires_grad off throughout) runs the same way:
         # a checkpoint with nothing to recompute for fails in fairscale's backward.
         still = self.backbone_frozen or not any(p.requires_grad for p in self.backbone.parameters())
         with torch.no_grad() if still else nullcontext():
-            split = self.split
             feats = self.features(frames, mask) if split is None else split(self, frames, mask)
         return self.temporal(feats, mask, carry)
 

@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tqdm import tqdm
 
+from distseq.data.batch import Part
+
 _meshes: list[DeviceMesh] = []  # this process's meshes, until close_distributed
 
 
@@ -33,6 +35,11 @@ class DistInfo:
         sequence split (``parallelize(..., sequence=S)``) the S consecutive ranks of a group
         share one batch."""
         return self.rank // sequence, self.world // sequence
+
+    def data_part(self, sequence: int, unit: int) -> Part | None:
+        """This rank's part of each batch's frames under a sequence split (the slice it runs,
+        in chunks of ``unit`` frames); None without one."""
+        return Part(self.rank % sequence, sequence, unit) if sequence > 1 else None
 
 
 def init_distributed(timeout_s: float = 600.0) -> DistInfo:

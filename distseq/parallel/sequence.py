@@ -14,7 +14,6 @@ counted S times. docs/design.md ("A video split across ranks") has the costs and
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from distseq.config import Config
+from distseq.data.batch import slices
 from distseq.errors import ConfigError, ModelError
 from distseq.model.norms import batchnorms
 from distseq.model.video import VideoModel
@@ -42,14 +42,6 @@ def sequence_line(cfg: Config, world: int, hosts: dict[int, str]) -> str:
             f"{key}: data.features trains the head alone, over stored features: there is no "
             "CNN work to split; use parallel.sequence=1"
         )
-    if cfg.memory.budget:
-        # A plan holds chunks for the frames a rank runs and counts the features, the head and
-        # the frames over as many: under a split those are the whole sequence's, not the slice's.
-        raise ConfigError(
-            f"{key}: memory.budget={cfg.memory.budget} plans one rank's whole sequence, and a "
-            "plan per slice is not there yet; unset memory.budget (memory.keep_frames holds "
-            "chunks by hand) or parallel.sequence"
-        )
     k = cfg.memory.chunk_frames
     if data.window and data.window < s * k:
         raise ConfigError(
@@ -69,15 +61,6 @@ def sequence_line(cfg: Config, world: int, hosts: dict[int, str]) -> str:
                 )
     split = ", ".join(f"{g[0]}-{g[-1]}" for g in groups)
     return f"parallel.sequence={s}: each video's frames split across ranks {split}"
-
-
-def slices(length: int, unit: int, size: int) -> list[tuple[int, int]]:
-    """The frames [start, stop) of each of ``size`` ranks for a ``length``-frame sequence run in
-    chunks of ``unit`` frames: contiguous, cut on chunk boundaries, their chunk counts differing
-    by one at most."""
-    chunks = -(-length // unit)
-    cuts = [i * chunks // size * unit for i in range(size + 1)]
-    return [(min(a, length), min(b, length)) for a, b in itertools.pairwise(cuts)]
 
 
 class _Gather(torch.autograd.Function):
@@ -122,7 +105,13 @@ class SequenceSplit:
             )
 
     def __call__(self, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        length = frames.shape[1]
+        """Every slice's features [B, T, F] for ``mask`` [B, T]: ``frames`` are the whole
+        sequence's, or this rank's slice of them alone (as a ``data.Part`` batch holds them)."""
+        given = frames.shape[1] if isinstance(frames, torch.Tensor) and frames.dim() == 5 else None
+        whole = given is None or not isinstance(mask, torch.Tensor) or mask.shape[1:] == (given,)
+        if whole:  # or a bad input: the one-line error
+            model.input.check(frames, mask)
+        length = mask.shape[1]
         # A ChunkedModel's chunk (read at each call: a memory plan may change it), else a frame.
         unit = getattr(model, "chunk_frames", None)
         if unit is None and model.training and _updating(model):
@@ -134,9 +123,19 @@ class SequenceSplit:
         unit = unit or 1
         bounds = slices(length, unit, self.size)
         a, b = bounds[self.index]
+        if whole:
+            frames = frames[:, a:b]
+        elif given != b - a:
+            raise ModelError(
+                f"frames of T={given} with a mask of T={length}: under sequence={self.size}, "
+                f"rank {self.index} of the group takes the whole sequence's frames or its slice "
+                f"[{a}, {b}) alone, {b - a} frames (chunks of {unit})"
+            )
+        else:
+            model.input.check(frames, mask[:, a:b])
         before = _bn_state(model)
         if b > a:
-            local = self._features(model, frames[:, a:b], mask[:, a:b])
+            local = self._features(model, frames, mask[:, a:b], length)
         elif model.feature_dim is None:
             raise ModelError(
                 f"sequence={self.size}: a {length}-frame sequence leaves this rank no frame, and "
@@ -156,7 +155,7 @@ class SequenceSplit:
         return _Gather.apply(local, bounds, self.index, self.group)
 
     def _features(
-        self, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor
+        self, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor, length: int
     ) -> torch.Tensor:
         """This rank's slice through the CNN, its random draws (dropout) forked off: the head's
         draws after it must be the same on every rank of the group, or the replicated head would
@@ -167,7 +166,7 @@ class SequenceSplit:
         with torch.random.fork_rng(devices=devices):
             if self.index:
                 torch.manual_seed(int(torch.randint(2**62, ())) + self.index)
-            return model.features(frames, mask)
+            return model.features(frames, mask, of=length)
 
 
 def _updating(model: VideoModel) -> bool:
@@ -222,6 +221,9 @@ def _join_bn(
         for now, start in ((bn.running_mean, mean0), (bn.running_var, var0)):
             assert now is not None
             joined = flat[offset : offset + now.numel()].view_as(now)
-            now.copy_(decay**total * start + joined)
+            # Through .data, which leaves the version alone: a chunk held whole saved these
+            # buffers for its BatchNorm's backward (which in training reads the batch's own
+            # statistics, not these), and autograd would refuse them as changed in place.
+            now.data.copy_(decay**total * start + joined)
             offset += now.numel()
         bn.num_batches_tracked.copy_(tracked0 + total)  # type: ignore[union-attr]

@@ -28,7 +28,7 @@ from distseq.checkpoint.sharded import (
     save_checkpoint,
 )
 from distseq.config import Config, Offload, to_yaml, with_absolute_paths
-from distseq.data.batch import Batch
+from distseq.data.batch import Batch, Part
 from distseq.data.manifest import Manifest, load_manifest
 from distseq.data.tar import expand, shard_name
 from distseq.data.train_stream import train_batches
@@ -93,6 +93,7 @@ class Run:
     nodes: list[Node]  # the group's hosts, [] on one
     loss: Loss
     freezing: Freezing  # optim.groups frozen for the first steps
+    part: Part | None  # under a sequence split: the frames of each batch this rank holds
 
     @property
     def checkpoints(self) -> Path:
@@ -205,6 +206,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
     # A backbone frozen for a while and then trained gets no gradient while frozen.
     frozen_steps = 0 < backbone_frozen_until(plain, groups) < steps
     how = (cfg.parallel.mode, cfg.parallel.precision, info)
+    part = None
     if isinstance(plain, FeatureModel):  # no backbone: nothing to chunk, compile or plan
         model = parallelize(plain, *how)
     else:
@@ -218,6 +220,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
             plan_for_budget(
                 cfg, model, chunked, classes, info.device, from_rank_zero, say, info.is_main
             )
+        part = info.data_part(sequence, chunked.chunk_frames)  # the plan's chunks
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
     resumed = None if latest is None else restore_training(latest, state)
@@ -240,6 +243,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         nodes=found,
         loss=loss,
         freezing=Freezing(model, cfg.optim.groups),
+        part=part,
     )
 
 
@@ -292,6 +296,7 @@ def _batches(run: Run) -> Iterator[Batch]:
         world=world,
         skip_batches=run.position.batches,
         bad=set(run.skipped),
+        part=run.part,
     )
     stream = itertools.chain([next(stream)], stream)
     if run.resumed is not None:
@@ -379,7 +384,7 @@ def _validate(run: Run, step: int, log: MetricsLog) -> None:
     """The model on the whole validation videos, all ranks sharing them; its scores join the
     step's metrics."""
     info, sequence = run.info, run.cfg.parallel.sequence
-    val = val_batches(run.cfg.data, run.manifest, *info.data_rank(sequence))
+    val = val_batches(run.cfg.data, run.manifest, *info.data_rank(sequence), run.part)
     # A sequence group's ranks score the same videos: the first of each counts them.
     counted = info.rank % sequence == 0
     report = validate(run.model, val, info.device, run.manifest.classes, counted=counted)

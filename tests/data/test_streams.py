@@ -16,7 +16,7 @@ from torchcodec.encoders import JpegEncoder
 
 from distseq.config import DataConfig
 from distseq.data import train_stream
-from distseq.data.batch import IGNORE_INDEX, Batch, empty_batch
+from distseq.data.batch import IGNORE_INDEX, Batch, Part, empty_batch, slices
 from distseq.data.manifest import load_manifest
 from distseq.data.synthetic import MARKER_FRAMES, encode_sample, sequences, write_synthetic
 from distseq.data.tar import longest_sample
@@ -412,3 +412,50 @@ def test_truncated_shard_raises_or_skips_the_cut_sample(tmp_path: Path, at: str)
     keys = [k for b in batches for k in b.keys]
     assert sorted(keys[:2]) == ["a", "d"] and "c" not in keys  # c lies after the cut
     assert [s for b in batches[:3] for s in b.skipped] == ["bad-000000.tar/b"]
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_sequence_split_rank_holds_its_part_of_the_batches(shards: Path, ordered: bool) -> None:
+    """Under a sequence split each rank of a group gets the group's batches, labels and mask
+    whole, and of the frames its slice alone (chunks of 4: 12 frames are 0-3 and 4-11 at S=2,
+    0-3, 4-7 and 8-11 at S=3); through loader workers, as runs have them."""
+    cfg = stream_config(shards, num_workers=2, ordered=ordered)
+    whole = list(islice(train_batches(cfg, seed=1), 4)) + _val(cfg)
+    for size in (2, 3):
+        for index in range(size):
+            part = Part(index, size, 4)
+            got = list(islice(train_batches(cfg, seed=1, part=part), 4))
+            got += list(val_batches(cfg, load_manifest(cfg), part=part))
+            assert len(got) == len(whole)
+            for i, (want, mine) in enumerate(zip(whole, got, strict=True)):
+                assert mine.keys == want.keys, i
+                assert torch.equal(mine.labels, want.labels) and torch.equal(mine.mask, want.mask)
+                held = slice(*slices(want.mask.shape[1], 4, size)[index])
+                assert torch.equal(mine.frames, want.frames[:, held]), (size, index, i)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_sequence_split_rank_decodes_its_part_alone(tmp_path: Path, workers: int) -> None:
+    """A bad frame in the second half of a video stops the rank whose slice holds it, and only
+    that one: the other never decodes it. With on_error=skip both decode every frame, and skip
+    the same video, so the group's batches stay one."""
+    bad = _sample("broken", n=6)
+    bad["000005.jpg"] = b"this is not a jpeg"
+    cfg = _write_shard(tmp_path, [_sample("a", n=6), bad, _sample("b", n=6)])
+    cfg = DataConfig(**{**vars(cfg), "num_workers": workers, "window": 6})
+    first, second = Part(0, 2, 4), Part(1, 2, 4)
+    for name, batches in (
+        ("val", lambda part: _val_part(cfg, part)),
+        ("train", lambda part: list(islice(train_batches(cfg, seed=0, part=part), 3))),
+    ):
+        assert "broken" in {k for b in batches(first) for k in b.keys}, name
+        with pytest.raises(DataError, match=r"sample broken: frame 000005\.jpg"):
+            batches(second)
+    skip = DataConfig(**{**vars(cfg), "on_error": "skip"})
+    for part in (first, second):
+        keys = [b.keys for b in _val_part(skip, part)]
+        assert keys == [["a"], ["b"], [""]], part
+
+
+def _val_part(cfg: DataConfig, part: Part) -> list[Batch]:
+    return list(val_batches(cfg, load_manifest(cfg), part=part))

@@ -49,7 +49,7 @@ def rel(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-12) -> float:
 @pytest.mark.parametrize(
     "ranks,cases",
     [
-        (2, ["ddp:2:batchnorm", "fsdp:2:batchnorm"]),
+        (2, ["ddp:2:batchnorm", "fsdp:2:batchnorm", "plan"]),
         (3, ["fsdp:3:batchnorm", "ddp:3:batchnorm"]),
         (4, ["fsdp:2:groupnorm", "ddp:2:groupnorm", "ddp:2:dropout"]),  # data 2 x sequence 2
     ],
@@ -57,6 +57,15 @@ def rel(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-12) -> float:
 def test_a_split_video_trains_as_one_process(ranks: int, cases: list[str], tmp_path: Path) -> None:
     records = torchrun("sequence_split", ranks, tmp_path, *cases)
     for case in cases:
+        if case == "plan":
+            for i, r in enumerate(records):
+                _planned_step(r[case])
+                assert r[case]["wrong_slice"] == (
+                    f"frames of T=5 with a mask of T=64: under sequence=2, rank {i} of the group "
+                    f"takes the whole sequence's frames or its slice [{32 * i}, {32 * i + 32}) "
+                    "alone, 32 frames (chunks of 4)"
+                )
+            continue
         _, sequence, norm = case.split(":")
         groups, s = ranks // int(sequence), int(sequence)
         # Every rank of a group computes the group's loss; their mean over groups is the world's.
@@ -81,6 +90,16 @@ def test_a_split_video_trains_as_one_process(ranks: int, cases: list[str], tmp_p
         assert mean == pytest.approx(ref_losses, rel=1e-5), case
 
 
+def _planned_step(got: dict[str, float | bool | str]) -> None:
+    """A rank's step under a plan per slice (memory.budget with parallel.sequence) stays under
+    a budget that one process's plan refuses, measured. The plan counts the step's T-long part
+    (the gathered features, the head) at the whole T, though much of what grows with T is the
+    CNN's and grows with the slice: its prediction is above the step, by 12-13% here."""
+    assert got["unsplit_refused"], got
+    assert got["total"] <= got["budget"], got
+    assert got["total"] <= got["predicted"] <= 1.2 * got["total"], got
+
+
 def losses(run: Path) -> dict[int, float]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
@@ -92,13 +111,14 @@ def test_distseq_train_split_then_resumed_across_s_is_the_one_process_run(
     """``distseq train`` at parallel.sequence=2 (2 ranks): steps 1-2 split, step 3 resumed in
     one process; and steps 1-2 in one process, step 3 resumed split. Both end with the
     one-process run's parameters, BatchNorm statistics, losses and scores, with BatchNorm
-    training, ordered windows carrying the head's state, truncated BPTT every 4 frames and the
-    head's dropout (the CNN draws nothing, so the split draws as one process does)."""
+    training, ordered windows carrying the head's state, truncated BPTT every 4 frames, the
+    head's dropout (the CNN draws nothing, so the split draws as one process does) and a memory
+    plan, per slice where split (a roomy budget: every chunk held whole)."""
     config = tiny_config(tmp_path, shards)
     # One set of runs for all of these: each torchrun start costs seconds of the suite.
     options = [
         "train.save_every=1", "model.backbone.norm=batchnorm", "data.ordered=true",
-        "memory.tbptt_frames=4", "model.head.dropout=0.3",
+        "memory.tbptt_frames=4", "model.head.dropout=0.3", "memory.budget=10GB",
     ]  # fmt: skip
 
     def train(out: Path, *extra: str, ranks: int = 0) -> subprocess.CompletedProcess[str]:
@@ -113,6 +133,8 @@ def test_distseq_train_split_then_resumed_across_s_is_the_one_process_run(
     train(one)
     split = train(split_first, "parallel.sequence=2", "train.stop_after=2", ranks=2)
     assert "parallel.sequence=2: each video's frames split across ranks 0-1" in split.stdout
+    planned = "memory plan: T=8 in slices of up to 4 on 2 ranks chunk=2: 2/2 chunks kept"
+    assert planned in split.stdout
     train(split_first)
     step2 = "checkpoints/step_00000002"
     shutil.copytree(one / step2, split_last / step2)

@@ -168,7 +168,7 @@ def test_held_stages_give_the_plain_gradients_and_bn_statistics(backbone: str, n
     starts = stage_starts(model, model.backbone, 64, torch.device("cpu"))
     model.hold_stages(starts)
     holds = [WHOLE, *(Hold(h) for h in range(1, len(starts) + 1)), NOTHING]
-    model.plan = lambda frames: [holds[i % len(holds)] for i in range(5)]
+    model.plan = lambda frames, whole: [holds[i % len(holds)] for i in range(5)]
     recomputed: list[int] = []
     # A pre-hook: a recompute that stops where the held stages begin never returns.
     model.backbone.register_forward_pre_hook(lambda module, args: recomputed.append(1))
@@ -204,7 +204,7 @@ def test_a_held_stage_is_not_run_again_in_backward(hold: Hold, recomputed: int) 
     starts = stage_starts(model, model.backbone, 64, torch.device("cpu"))
     assert starts == ["layer1.0.conv1", "layer2.0.conv1", "layer3.0.conv1", "layer4.0.conv1"]
     model.hold_stages(starts)
-    model.plan = lambda frames: [hold]
+    model.plan = lambda frames, whole: [hold]
     batch = random_batch(1, 4, size=64)
     loss = model(batch.frames, batch.mask).sum()
     with _Convolutions() as convolutions:

@@ -36,8 +36,9 @@ def test_keys_are_those_of_the_plain_model(recompute: Recompute, tbptt: int) -> 
 def test_a_probe_runs_by_its_holds_inside_holding_and_leaves_the_model_as_it_was() -> None:
     model = tiny_model(backbone="tiny_cnn", chunk=4)
     model.keep_frames = 4
-    assert model.holds(8) == [NOTHING, WHOLE]
-    with pytest.raises(KeyboardInterrupt), model.holding(2, lambda t: [WHOLE] * -(-t // 2)):
-        assert model.chunk_frames == 2 and model.holds(8) == [WHOLE] * 4
+    assert model.holds(8, 8) == [NOTHING, WHOLE]
+    with pytest.raises(KeyboardInterrupt), model.holding(2, lambda t, _: [WHOLE] * -(-t // 2)):
+        assert model.chunk_frames == 2 and model.holds(8, 8) == [WHOLE] * 4
         raise KeyboardInterrupt  # put back on any way out
-    assert model.chunk_frames == 4 and model.plan is None and model.holds(8) == [NOTHING, WHOLE]
+    assert model.chunk_frames == 4 and model.plan is None
+    assert model.holds(8, 8) == [NOTHING, WHOLE]

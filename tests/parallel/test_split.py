@@ -7,9 +7,10 @@ import pytest
 
 import distseq
 from distseq.config import Config, load_config
+from distseq.data.batch import slices
 from distseq.errors import ConfigError
 from distseq.model.video import FeatureModel
-from distseq.parallel.sequence import sequence_line, slices
+from distseq.parallel.sequence import sequence_line
 from own_model import LSTMHead, small_cnn
 
 
@@ -77,7 +78,6 @@ def test_the_plan_line_names_each_group() -> None:
         (["parallel.sequence=3"], 4, {}, "does not divide the 4 ranks; launch a multiple of 3"),
         (["parallel.sequence=2", "data.features=true"], 2, {}, "data.features trains the head"),
         (["parallel.sequence=2", "data.window=7"], 2, {}, "data.window=7 is shorter than 2 chunks"),
-        (["parallel.sequence=2", "memory.budget=1GB"], 2, {}, "a plan per slice is not there yet"),
         (
             ["parallel.sequence=2"],
             6,

@@ -4,7 +4,8 @@ loop: two SGD steps of the mean cross-entropy of the group's batch.
 
 argv: cases ``MODE:S:NORM`` (e.g. ``ddp:2:batchnorm fsdp:2:groupnorm``), run one after the other
 in this one process group. Writes out_<case>_<rank>.pt: the first step's gradients, the
-parameters and BatchNorm statistics after the steps.
+parameters and BatchNorm statistics after the steps. The case ``plan`` (S = 2, FSDP2) plans a
+memory budget per slice (``distseq.plan_memory(..., sequence=2)``) and measures a step under it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def main() -> None:
     info = distseq.init_distributed()
     losses = {}
     for case in sys.argv[1:]:
+        if case == "plan":
+            losses[case] = run_plan(info)
+            continue
         mode, sequence, norm = case.split(":")
         losses[case] = run(mode, int(sequence), norm, info, case.replace(":", "_"))
     report(losses)
@@ -89,6 +93,49 @@ def run(mode: str, sequence: int, norm: str, info: distseq.DistInfo, name: str) 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     torch.save({"state": state, "grads": grads}, f"out_{name}_{info.rank}.pt")
     return losses
+
+
+def run_plan(info: distseq.DistInfo) -> dict[str, float | bool | str]:
+    """A 64-frame video split in two under a budget between the floors (every chunk recomputed)
+    of its slice and of the whole: the rank's step as measured (what it holds before, and the
+    step's own peak), the plan's prediction, whether one process's plan refuses the budget, and
+    what the model says to frames of neither the whole video's length nor the slice's."""
+    from distseq.errors import ConfigError
+    from distseq.memory.measure import measure_step
+    from distseq.memory.plan import Plan
+    from distseq.memory.probe import resident_bytes
+
+    t = 64
+    chunked = build("batchnorm")
+    model = distseq.parallelize(chunked, "fsdp", "fp32", info, sequence=2)
+    g = torch.Generator().manual_seed(2)
+    frames = torch.randint(0, 256, (1, t, 3, 16, 16), generator=g, dtype=torch.uint8)
+    labels, mask = torch.randint(0, CLASSES, (1, t), generator=g), torch.ones(1, t, dtype=bool)
+    roomy = distseq.plan_memory(chunked, 10**12, frames, CLASSES, wrapped=model, sequence=2)
+    unsplit = Plan(roomy.probe, 0, roomy.stages)
+    budget = int((roomy.floor_bytes(t) + unsplit.floor_bytes(t)) / 2)
+    plan = Plan(roomy.probe, budget, roomy.stages, sequence=2)
+    plan.check(t)
+    try:
+        Plan(roomy.probe, budget, roomy.stages).check(t)
+        refused = False
+    except ConfigError:
+        refused = True
+    plan.apply(chunked)
+    try:
+        model(frames[:, :5], mask)  # neither the whole nor this rank's slice
+        wrong = ""
+    except distseq.ModelError as e:
+        wrong = str(e)
+    part = frames[:, 32 * info.rank : 32 * info.rank + 32]  # as a data.Part batch holds it
+    cost = measure_step(model, part, mask, labels)
+    return {
+        "total": resident_bytes(model) + part.numel() + cost.peak_bytes,
+        "budget": budget,
+        "predicted": plan.peak_bytes(t),
+        "unsplit_refused": refused,
+        "wrong_slice": wrong,
+    }
 
 
 if __name__ == "__main__":
