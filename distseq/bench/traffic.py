@@ -80,7 +80,8 @@ class TrafficRecord:
     wire_bytes: float  # over one rank's link, ring algorithms
     step_seconds: float  # the slowest rank's median of three uncounted steps
     sequence: int = 1  # S: each sequence split across S ranks
-    peak_bytes: int = 0  # the largest rank's peak above the step's start (memory.measure)
+    # The largest rank's frames and its step's peak above them (memory.measure).
+    peak_bytes: int = 0
     recompute: str = "torch"  # memory.recompute
 
 
@@ -119,12 +120,17 @@ def wire_bytes(sizes: dict[str, int], world: int) -> float:
     return sum(_RING.get(kind, 1.0) * n * (world - 1) / world for kind, n in sizes.items())
 
 
-def _batch(opts: TrafficBench, rank: int, device: torch.device) -> Batch:
-    g = torch.Generator().manual_seed(rank)
+def _batch(opts: TrafficBench, info: DistInfo, sequence: int, unit: int) -> Batch:
+    """The rank's batch: its data-parallel group's one sequence, of whose frames it holds its
+    slice alone under a split, as a training run's stream gives it (data.Part)."""
+    g = torch.Generator().manual_seed(info.data_rank(sequence)[0])
     shape = (1, opts.frames, 3, opts.size, opts.size)
-    frames = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(device)
-    labels = torch.randint(0, 7, (1, opts.frames), generator=g).to(device)
-    return Batch(frames, labels, torch.ones(1, opts.frames, dtype=torch.bool, device=device))
+    frames = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, 7, (1, opts.frames), generator=g)
+    part = info.data_part(sequence, unit)
+    held = frames[:, part.held(opts.frames)] if part else frames
+    mask = torch.ones(1, opts.frames, dtype=torch.bool)
+    return Batch(held, labels, mask).to(info.device)
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch, world: int) -> None:
@@ -144,7 +150,7 @@ def _record(
     parameters = sum(p.numel() for p in model.parameters())
     sharded = parallelize(model, mode, info=info, sequence=sequence)
     opt = torch.optim.AdamW(sharded.parameters())
-    batch = _batch(opts, info.data_rank(sequence)[0], info.device)  # a group's one batch
+    batch = _batch(opts, info, sequence, model.chunk_frames)
     _step(sharded, opt, batch, info.world)  # warm-up: allocations, the first gathers' buffers
     times = []
     for _ in range(3):
@@ -154,7 +160,8 @@ def _record(
     seconds = sorted(times)[1]  # the median of three
     with CollectiveCounter() as counter:
         _step(sharded, opt, batch, info.world)
-    peak = peak_memory(lambda: _step(sharded, opt, batch, info.world), info.device)
+    held = batch.frames.numel()  # uint8: what the rank holds before the step, under its peak
+    peak = held + peak_memory(lambda: _step(sharded, opt, batch, info.world), info.device)
     slowest, largest = map(max, zip(*all_gather_objects([(seconds, peak)]), strict=True))
     # The features' all-gather runs within a sequence group: (S-1)/S of it crosses a link.
     w, s = info.world, sequence
@@ -204,7 +211,7 @@ def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
         print(
             f"{opts.backbone} + LSTM, T={opts.frames} at {opts.size} px, one sequence a data-"
             "parallel rank, split across S ranks (MiB per rank; wire: ring algorithms over one "
-            "rank's link; peak: the largest rank's, above the step's start)"
+            "rank's link; peak: the largest rank's frames and its step's peak above them)"
         )
         print(
             f"{'mode':>5} {'recompute':>9} {'world':>5} {'S':>2} {'chunks':>6} {'collectives':>11} "

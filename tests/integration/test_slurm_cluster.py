@@ -249,14 +249,20 @@ def test_checkpointable_requeue(slurm: Path, tmp_path: Path) -> None:
 
 
 def test_distseq_submit_trains_on_two_tasks(slurm: Path, tmp_path: Path, shards: Path) -> None:
+    """The README's SLURM line on two tasks, each video split across both (parallel.sequence),
+    as submit's plan says before it queues the job and the job's ranks say as they start."""
     config = tiny_config(tmp_path, shards)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "distseq", "submit", str(config), "--tasks-per-node", "2"]
     cmd += ["--partition", "debug", "--time", "00:05:00", "--folder", str(slurm), "--wait"]
+    cmd += ["parallel.sequence=2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S * 2)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "submitted job" in proc.stdout and "stdout:" in proc.stdout, proc.stdout
+    split = "parallel.sequence=2: each video's frames split across ranks 0-1"
+    assert split in proc.stdout, proc.stdout[-2000:]  # the plan, before the job
+    assert split in "".join(p.read_text() for p in slurm.glob("*_0_log.out")), "the job's rank 0"
     run = tmp_path / "run"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "loss" in r] == [1, 2, 3]
