@@ -49,11 +49,11 @@ from distseq.config import (
 )
 from distseq.data.tar import expand, shard_name
 from distseq.errors import ConfigError
-from distseq.evaluate.metrics import SEGMENT_METRICS
 from distseq.files import output_folder, write_atomic
 from distseq.infer.features import write_features
 from distseq.infer.predict import frame_recipe
 from distseq.parallel import close_distributed, init_distributed
+from distseq.score.metrics import SEGMENT_METRICS
 from distseq.train.loop import train
 from distseq.train.signals import StopSignals
 

@@ -13,11 +13,11 @@ from distseq.data.label_text import read_mapping
 from distseq.errors import ConfigError
 from distseq.evaluate.folds import folds_table, over_folds
 from distseq.evaluate.judging import Judging, evaluate, table, write_report
-from distseq.evaluate.metrics import PROTOCOLS
 from distseq.evaluate.report import make_report
 from distseq.evaluate.scored_files import score_files
 from distseq.files import output_folder, write_atomic
 from distseq.parallel import DistInfo, close_distributed, init_distributed
+from distseq.score.metrics import PROTOCOLS
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from distseq.evaluate.metrics import METRICS, SEGMENT_METRICS
+from distseq.score.metrics import METRICS, SEGMENT_METRICS
 
 # Action segmentation's columns first (F1@k, edit, frame accuracy), then the phase metrics' means.
 COLUMNS = (*SEGMENT_METRICS[1:], "edit", "frame_accuracy", *METRICS)

@@ -18,17 +18,17 @@ from distseq.data.manifest import SPLITS, Manifest, check_kind, find_manifest
 from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
-from distseq.evaluate.metrics import (
+from distseq.files import write_atomic
+from distseq.parallel import DistInfo
+from distseq.score.metrics import (
     METRICS,
     PROTOCOLS,
     SCRIPT_PHASES,
     SEGMENT_METRICS,
     Scoring,
 )
-from distseq.evaluate.validate import validate
-from distseq.files import write_atomic
-from distseq.infer.outputs import write_predictions
-from distseq.parallel import DistInfo
+from distseq.score.predictions import write_predictions
+from distseq.score.validate import validate
 
 SCRIPT_RELAXED_SECONDS = 10.0  # Evaluate.m's oriT = 10 * fps
 

@@ -20,9 +20,9 @@ from distseq.data.tar import recorded_shards
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError, TrainingError
 from distseq.evaluate.plots import confusion, curves
-from distseq.evaluate.validate import VALIDATION, probabilities_by_video
 from distseq.files import write_atomic
-from distseq.infer.ribbon import ribbon
+from distseq.score.ribbon import ribbon
+from distseq.score.validate import VALIDATION, probabilities_by_video
 
 STYLE = (
     "body{font-family:sans-serif;max-width:1040px;margin:auto}"

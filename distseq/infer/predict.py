@@ -31,11 +31,11 @@ from distseq.data.sources import find_sources
 from distseq.data.tar import EVERY_SPLIT, expand, is_shard_folder, read_shard
 from distseq.data.video import source_frames
 from distseq.errors import ConfigError, DataError
-from distseq.infer.outputs import write_predictions
-from distseq.infer.ribbon import ribbon
 from distseq.model.head import Carry, last_stage
 from distseq.model.video import VideoModel
 from distseq.parallel import DistInfo, all_reduce_sum
+from distseq.score.predictions import write_predictions
+from distseq.score.ribbon import ribbon
 
 
 def chunks(frames: Iterable[torch.Tensor], size: int) -> Iterator[torch.Tensor]:

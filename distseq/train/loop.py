@@ -34,7 +34,6 @@ from distseq.data.tar import expand, shard_name
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError, TrainingError, first_line
-from distseq.evaluate.validate import validate, validation_scores
 from distseq.files import write_atomic
 from distseq.memory.budget import plan_for_budget
 from distseq.memory.chunked import compiled_graphs
@@ -58,6 +57,7 @@ from distseq.parallel import (
     sequence_line,
     unreachable,
 )
+from distseq.score.validate import validate, validation_scores
 from distseq.train.log import MetricsLog
 from distseq.train.loss import Loss, build_loss
 from distseq.train.optim import (

@@ -10,7 +10,7 @@ import pytest
 from conftest import ONE, untrained
 from distseq.errors import ConfigError
 from distseq.evaluate.judging import Judging, evaluate, table
-from distseq.evaluate.metrics import count_video, summarize
+from distseq.score.metrics import count_video, summarize
 from streams import N_VAL
 
 

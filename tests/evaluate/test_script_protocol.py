@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from distseq.evaluate.metrics import Scoring, count_video, summarize, video_metrics
+from distseq.score.metrics import Scoring, count_video, summarize, video_metrics
 
 SCRIPT = "script"
 

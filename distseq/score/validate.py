@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from distseq.data.batch import Batch
-from distseq.evaluate.metrics import (
+from distseq.model.head import last_stage
+from distseq.parallel import all_gather_objects
+from distseq.score.metrics import (
     METRICS,
     SEGMENT_METRICS,
     STRICT,
@@ -23,8 +25,6 @@ from distseq.evaluate.metrics import (
     count_video,
     summarize,
 )
-from distseq.model.head import last_stage
-from distseq.parallel import all_gather_objects
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from distseq.data.batch import IGNORE_INDEX, Batch
-from distseq.evaluate.validate import validate
+from distseq.score.validate import validate
 
 
 class Predicts(nn.Module):

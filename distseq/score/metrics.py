@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distseq.evaluate.segments import OVERLAPS, edit_score, f1, segment_counts
+from distseq.score.segments import OVERLAPS, edit_score, f1, segment_counts
 
 METRICS = ("accuracy", "precision", "recall", "jaccard", "f1")
 PROTOCOLS = ("distseq", "script")  # this module's docstring: distseq's, and the MATLAB script's

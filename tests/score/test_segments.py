@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from distseq.evaluate.metrics import count_video, summarize
-from distseq.evaluate.segments import edit_score, levenshtein, segment_counts, segments
+from distseq.score.metrics import count_video, summarize
+from distseq.score.segments import edit_score, levenshtein, segment_counts, segments
 
 
 def test_segments_are_runs_and_background_splits_nothing() -> None:

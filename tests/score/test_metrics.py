@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from distseq.evaluate.metrics import Scoring, count_video, summarize, video_metrics
+from distseq.score.metrics import Scoring, count_video, summarize, video_metrics
 
 NAN = math.nan
 
