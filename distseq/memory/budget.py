@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from distseq.config import Config, Offload, to_dict
-from distseq.data.tar import expand, longest_sample
 from distseq.errors import ConfigError, TrainingError, first_line
 from distseq.files import write_atomic
 from distseq.memory.chunked import ChunkedModel
@@ -111,6 +110,7 @@ def plan_for_budget(
     model: nn.Module,
     chunked: ChunkedModel,
     classes: int,
+    window: int,
     device: torch.device,
     agree: Callable[[torch.Tensor], torch.Tensor],
     say: Callable[[str], None],
@@ -119,7 +119,7 @@ def plan_for_budget(
     """The plan of this start of the run in ``cfg.train.out_dir``, applied to ``chunked`` (the
     model, or ``model`` wrapped for FSDP/DDP): the recorded one, or one planned from a probe
     that ``agree`` makes one rank's on every rank, recorded by the main rank. Refuses in one line
-    a budget that cannot hold data.window frames (data.window=0: the longest training video)."""
+    a budget that cannot hold ``window`` frames, the longest sequence the run trains on."""
     budget = budget_bytes(cfg.memory.budget, device)
     data, fixed = cfg.data, resident_bytes(model)
     if fixed >= budget:  # before any probing: no chunk size changes this
@@ -128,9 +128,6 @@ def plan_for_budget(
             f"optimizer state alone ({format_size(fixed)} here): a larger budget, or more ranks "
             "under FSDP"
         )
-    if not (window := data.window):  # rank 0 reads the shards' headers, for every rank
-        longest = whole_videos(cfg, say) if is_main else 0
-        window = int(agree(torch.tensor([longest], device=device)).item())
     path = Path(cfg.train.out_dir) / PLAN_FILE
     now: dict[str, Any] = dict(budget_bytes=budget, device=device_kind(device), shape=_shape(cfg))
     recorded = Recorded.read(path) if is_main else None
@@ -179,16 +176,6 @@ def plan_for_budget(
             Recorded(plan.probe, plan.stages, **now).write(path)
     plan.apply(chunked)
     return plan
-
-
-def whole_videos(cfg: Config, say: Callable[[str], None]) -> int:
-    """T of the longest training video as the run reads it (every data.frame_stride-th frame):
-    what data.window=0 makes one sequence, and so what the plan must fit."""
-    urls = expand(cfg.data.train, "data.train", "train")
-    stride = cfg.data.frame_stride
-    frames = -(-longest_sample(urls, "data.train") // stride)
-    say(f"memory plan: data.window=0, whole videos: the longest training video is {frames} frames")
-    return frames
 
 
 def _probed_plan(

@@ -30,7 +30,7 @@ from distseq.checkpoint.sharded import (
 from distseq.config import Config, Offload, to_yaml, with_absolute_paths
 from distseq.data.batch import Batch, Part
 from distseq.data.manifest import Manifest, load_manifest
-from distseq.data.tar import expand, shard_name
+from distseq.data.tar import expand, longest_sample, shard_name
 from distseq.data.train_stream import train_batches
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError, TrainingError, first_line
@@ -187,7 +187,10 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         write_atomic(out / "config.yaml", to_yaml(cfg))
     check_shared(out)
     manifest = load_manifest(cfg.data)
-    loss = build_loss(cfg.loss, manifest, _shard_names(cfg.data.train))  # its faults before work
+    names = _shard_names(cfg.data.train)
+    loss = build_loss(  # its faults before any work
+        cfg.loss, manifest.classes, lambda: manifest.label_counts(names)
+    )
     torch.manual_seed(cfg.train.seed)  # identical initial parameters on every rank
     latest = latest_checkpoint(out / "checkpoints")
     plain = _model(cfg, manifest)
@@ -217,9 +220,11 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         model = parallelize(chunked, *how, frozen_steps=frozen_steps, sequence=sequence)
         if cfg.memory.budget:
             classes = manifest.num_classes
+            window = _longest_window(cfg, info)
             plan_for_budget(
-                cfg, model, chunked, classes, info.device, from_rank_zero, say, info.is_main
-            )
+                cfg, model, chunked, classes, window, info.device, from_rank_zero, say,
+                info.is_main,
+            )  # fmt: skip
         part = info.data_part(sequence, chunked.chunk_frames)  # the plan's chunks
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
@@ -267,6 +272,19 @@ def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
             "name the backbone that made the feature shards"
         )
     return model
+
+
+def _longest_window(cfg: Config, info: DistInfo) -> int:
+    """T of the longest sequence the run trains on, what a memory plan must fit: data.window, or
+    with 0 the longest training video as read (every data.frame_stride-th frame), from rank
+    0's reading of the shards' headers."""
+    if cfg.data.window:
+        return cfg.data.window
+    urls = expand(cfg.data.train, "data.train", "train")
+    longest = -(-longest_sample(urls, "data.train") // cfg.data.frame_stride) if info.is_main else 0
+    frames = int(from_rank_zero(torch.tensor([longest], device=info.device)).item())
+    say(f"memory plan: data.window=0, whole videos: the longest training video is {frames} frames")
+    return frames
 
 
 def _shard_names(urls: str) -> list[str]:

@@ -10,14 +10,13 @@ the global mean.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from distseq.config import LossConfig
-from distseq.data.manifest import Manifest
 from distseq.errors import ConfigError, ModelError
 
 
@@ -86,20 +85,20 @@ class Loss:
         return loss
 
 
-def build_loss(cfg: LossConfig, manifest: Manifest, train_shards: Iterable[str]) -> Loss:
-    """The loss ``cfg`` describes for ``manifest``'s classes; median-frequency weights from the
-    label counts of ``train_shards`` (shard file names in the manifest)."""
-    k = manifest.num_classes
+def build_loss(cfg: LossConfig, classes: list[str], label_counts: Callable[[], list[int]]) -> Loss:
+    """The loss ``cfg`` describes over ``classes``; median-frequency weights from
+    ``label_counts()``, the training frames of each class (read only for those weights: a
+    manifest from before distseq recorded them has none)."""
+    k = len(classes)
     given = cfg.class_weights
     if given == "none":
         return Loss(cfg, None, k)
     if given == "median_frequency":
-        counts = manifest.label_counts(train_shards)
-        return Loss(cfg, median_frequency(counts, manifest.classes), k)
+        return Loss(cfg, median_frequency(label_counts(), classes), k)
     if len(given) != k:
         raise ConfigError(
-            f"config key loss.class_weights has {len(given)} weights, but {manifest.path} has "
-            f"{k} classes: give one per class, in the order of its classes"
+            f"config key loss.class_weights has {len(given)} weights, but the data has {k} "
+            f"classes ({', '.join(classes)}): give one per class, in that order"
         )
     if not any(given):
         raise ConfigError("config key loss.class_weights: not every weight can be 0")

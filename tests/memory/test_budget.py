@@ -31,7 +31,8 @@ def config(out: Path, *overrides: str) -> Config:
 
 def plan(cfg: Config, model: ChunkedModel, said: list[str] | None = None) -> Plan:
     say = (said if said is not None else []).append
-    return budget.plan_for_budget(cfg, model, model, 3, CPU, lambda x: x, say, is_main=True)
+    window = cfg.data.window
+    return budget.plan_for_budget(cfg, model, model, 3, window, CPU, lambda x: x, say, True)
 
 
 @pytest.fixture

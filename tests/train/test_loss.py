@@ -108,15 +108,18 @@ def _manifest(counts: list[int] | None) -> Manifest:
 
 
 def test_build_loss_takes_median_frequency_from_the_manifests_label_counts() -> None:
+    manifest = _manifest([6, 2, 4])
     loss = build_loss(
-        LossConfig(class_weights="median_frequency"), _manifest([6, 2, 4]), ["train-000000.tar"]
+        LossConfig(class_weights="median_frequency"),
+        manifest.classes,
+        lambda: manifest.label_counts(["train-000000.tar"]),
     )
     assert loss.weights is not None and loss.weights.tolist() == pytest.approx([2 / 3, 2.0, 1.0])
 
 
 def test_class_weights_of_the_wrong_length_are_one_line() -> None:
-    with pytest.raises(ConfigError, match=r"has 2 weights, but s/index\.json has 3 classes"):
-        build_loss(LossConfig(class_weights=[1.0, 2.0]), _manifest(None), [])
+    with pytest.raises(ConfigError, match=r"has 2 weights, but the data has 3 classes \(a, b, c\)"):
+        build_loss(LossConfig(class_weights=[1.0, 2.0]), ["a", "b", "c"], list)
 
 
 @pytest.mark.parametrize(
