@@ -99,14 +99,14 @@ class EpochRecord:
 
 
 def bench_head(
-    name: str, cfg: HeadConfig, frames: int, feature_dim: int, classes: int
+    name: str, cfg: HeadConfig, frames: int, feature_dim: int, num_classes: int
 ) -> HeadRecord:
     """One training step of the head ``cfg`` over one video of random features."""
     torch.manual_seed(0)
-    head = build_head(feature_dim, cfg, classes)
+    head = build_head(feature_dim, cfg, num_classes)
     loss = Loss(SMOOTHING if cfg.kind == "mstcn" else LossConfig(), None)
     feats = torch.randn(1, frames, feature_dim)
-    labels = torch.randint(0, classes, (1, frames))
+    labels = torch.randint(0, num_classes, (1, frames))
     mask = torch.ones(1, frames, dtype=torch.bool)
     stateful = is_stateful(head)
 
@@ -122,22 +122,22 @@ def bench_head(
 
 
 def simulated_release(
-    root: Path, *, videos: int, feature_dim: int, classes: int, min_frames: int, max_frames: int
+    root: Path, *, videos: int, feature_dim: int, num_classes: int, min_frames: int, max_frames: int
 ) -> None:
     """A release of MS-TCN's layout: ``videos`` training videos (and one test video) of random
     features, their lengths drawn from [min_frames, max_frames], labelled in segments."""
     rng = np.random.default_rng(0)
     for sub in ("features", "groundTruth", "splits"):
         (root / sub).mkdir(parents=True)
-    names = [f"action{k}" for k in range(classes)]
+    names = [f"action{k}" for k in range(num_classes)]
     (root / "mapping.txt").write_text("".join(f"{k} {c}\n" for k, c in enumerate(names)))
     stems = [f"video{i:03d}" for i in range(videos + 1)]
     for stem in stems:
         t = int(rng.integers(min_frames, max_frames + 1))
         feats = rng.standard_normal((feature_dim, t), dtype=np.float32)
         np.save(root / "features" / f"{stem}.npy", feats)
-        cuts = np.sort(rng.choice(np.arange(1, t), size=min(classes, t) - 1, replace=False))
-        ids = np.repeat(rng.permutation(classes)[: len(cuts) + 1], np.diff([0, *cuts, t]))
+        cuts = np.sort(rng.choice(np.arange(1, t), size=min(num_classes, t) - 1, replace=False))
+        ids = np.repeat(rng.permutation(num_classes)[: len(cuts) + 1], np.diff([0, *cuts, t]))
         (root / "groundTruth" / f"{stem}.txt").write_text("".join(names[k] + "\n" for k in ids))
     bundle = "".join(f"{n}.txt\n" for n in stems[:-1])
     (root / "splits" / "train.split1.bundle").write_text(bundle)
@@ -283,7 +283,7 @@ def bench_heads(args: HeadsBench) -> tuple[list[HeadRecord], list[EpochRecord], 
             root,
             videos=args.videos,
             feature_dim=args.feature_dim,
-            classes=args.classes,
+            num_classes=args.classes,
             min_frames=args.min_frames,
             max_frames=args.max_frames,
         )

@@ -51,7 +51,7 @@ from distseq.data.tar import expand, shard_name
 from distseq.errors import ConfigError
 from distseq.files import output_folder, write_atomic
 from distseq.infer.features import write_features
-from distseq.infer.predict import frame_recipe
+from distseq.infer.predict import frame_sampling
 from distseq.parallel import close_distributed, init_distributed
 from distseq.score.metrics import SEGMENT_METRICS
 from distseq.train.loop import train
@@ -265,7 +265,7 @@ class SeedRuns:
         info = init_distributed()
         try:
             write_features(
-                loaded, inputs, frame_recipe(loaded), self.cfg.memory.chunk_frames, out, info
+                loaded, inputs, frame_sampling(loaded), self.cfg.memory.chunk_frames, out, info
             )
         finally:
             close_distributed()

@@ -55,7 +55,7 @@ def demo_config_path() -> Path:
     return Path(str(files("distseq.demo") / "demo.yaml"))
 
 
-def _step_cost(cfg: Config, classes: int) -> tuple[float, int, int]:
+def _step_cost(cfg: Config, num_classes: int) -> tuple[float, int, int]:
     """(seconds, peak bytes) of one step of ``cfg``'s model on a real batch, and plain's peak."""
     batch = next(train_batches(replace(cfg.data, num_workers=0), seed=0))
     costs = []
@@ -64,7 +64,7 @@ def _step_cost(cfg: Config, classes: int) -> tuple[float, int, int]:
     )
     for memory in (cfg.memory, plain):
         torch.manual_seed(0)
-        model = apply_memory_policy(build_model(cfg.model, classes), memory)
+        model = apply_memory_policy(build_model(cfg.model, num_classes), memory)
         costs.append(measure_step(model, batch.frames, batch.mask, batch.labels))
     return costs[0].seconds, costs[0].peak_bytes, costs[1].peak_bytes
 

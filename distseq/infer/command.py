@@ -13,7 +13,7 @@ from distseq.config import Norm
 from distseq.errors import ConfigError
 from distseq.files import output_folder
 from distseq.infer.features import FORMATS, named_backbone, write_features
-from distseq.infer.predict import FrameRecipe, frame_recipe, predict_videos
+from distseq.infer.predict import FrameSampling, frame_sampling, predict_videos
 from distseq.parallel import close_distributed, init_distributed
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -75,21 +75,21 @@ def _model_over_videos(
 
 def _model_and_frames(
     args: argparse.Namespace, loaded: Loaded | None = None
-) -> tuple[Loaded, FrameRecipe, int]:
-    """The model of ``_model_over_videos``' options (or ``loaded``), its frame recipe, and the
+) -> tuple[Loaded, FrameSampling, int]:
+    """The model of ``_model_over_videos``' options (or ``loaded``), its frame sampling, and the
     chunk size."""
     loaded = loaded or load_model(Path(args.model))
-    how = frame_recipe(loaded, args.fps, args.folder_fps, args.size, args.quality)
-    return loaded, how, args.chunk or loaded.config.memory.chunk_frames
+    sampling = frame_sampling(loaded, args.fps, args.folder_fps, args.size, args.quality)
+    return loaded, sampling, args.chunk or loaded.config.memory.chunk_frames
 
 
 def run_predict(args: argparse.Namespace) -> None:
     output_folder(args.out)
-    loaded, how, chunk = _model_and_frames(args)
+    loaded, sampling, chunk = _model_and_frames(args)
     info = init_distributed()
     try:
         total = predict_videos(
-            loaded, args.inputs, how, chunk, args.out, args.ribbon, info, args.manifest
+            loaded, args.inputs, sampling, chunk, args.out, args.ribbon, info, args.manifest
         )
     finally:
         close_distributed()
@@ -107,11 +107,11 @@ def run_features(args: argparse.Namespace) -> None:
         )
     elif not args.inputs:
         raise ConfigError("distseq features: give the inputs after MODEL (or --backbone NAME)")
-    loaded, how, chunk = _model_and_frames(args, named)
+    loaded, sampling, chunk = _model_and_frames(args, named)
     info = init_distributed()
     try:
         done = write_features(
-            loaded, args.inputs, how, chunk, args.out, info, args.format, args.manifest
+            loaded, args.inputs, sampling, chunk, args.out, info, args.format, args.manifest
         )
     finally:
         close_distributed()

@@ -45,7 +45,7 @@ from distseq.data.manifest import (
 )
 from distseq.data.tar import EVERY_SPLIT, add_member, expand, read_shard, shard_name
 from distseq.errors import ConfigError, DataError
-from distseq.infer.predict import FrameRecipe, chunks, frames_of, is_shards, videos
+from distseq.infer.predict import FrameSampling, chunks, frames_of, is_shards, videos
 from distseq.model.video import VideoModel, build_model
 from distseq.parallel import DistInfo, all_reduce_sum
 
@@ -105,7 +105,7 @@ def named_backbone(
 def write_features(
     loaded: Loaded,
     inputs: list[str],
-    how: FrameRecipe,
+    sampling: FrameSampling,
     chunk: int,
     out: Path,
     info: DistInfo,
@@ -117,7 +117,7 @@ def write_features(
     out.mkdir(parents=True, exist_ok=True)
     backbone = _Backbone(loaded.over_frames(), chunk, info.device)
     if form == "npy":
-        counts = _write_npy(loaded, inputs, how, backbone, out, info, manifest)
+        counts = _write_npy(loaded, inputs, sampling, backbone, out, info, manifest)
     elif form == "shards":
         sources = _sources(loaded, inputs, manifest)
         counts = _write_shards(loaded, list(sources), backbone, out, info)
@@ -132,7 +132,7 @@ def write_features(
 def _write_npy(
     loaded: Loaded,
     inputs: list[str],
-    how: FrameRecipe,
+    sampling: FrameSampling,
     backbone: _Backbone,
     out: Path,
     info: DistInfo,
@@ -141,7 +141,7 @@ def _write_npy(
     """One ``<video>.npy`` per video, every world-th video; [done, skipped, frames]."""
     done = skipped = frames = 0
     bar = tqdm(unit="video", disable=not info.is_main, desc="features")
-    for i, (name, video) in enumerate(videos(inputs, loaded, how, manifest)):
+    for i, (name, video) in enumerate(videos(inputs, loaded, sampling, manifest)):
         if i % info.world != info.rank:
             continue
         path = out / f"{name}.npy"

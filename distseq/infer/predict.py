@@ -56,9 +56,9 @@ def streamed_probabilities(
     frames: Iterable[torch.Tensor],
     chunk: int,
     device: torch.device,
-    classes: int,
+    num_classes: int,
 ) -> torch.Tensor:
-    """Per-frame probabilities [T, K=classes] (on the CPU) of one video given frame by frame."""
+    """Per-frame probabilities [T, K=num_classes] (on the CPU) of one video given frame by frame."""
     model.eval()
     if not model.stateful or getattr(model.head, "bidirectional", False):
         # A head that carries no state sees the whole video at once (module docstring).
@@ -67,7 +67,7 @@ def streamed_probabilities(
             for x in chunks(frames, chunk)
         ]
         if not feats:
-            return torch.zeros((0, classes))
+            return torch.zeros((0, num_classes))
         all_feats = torch.cat(feats, dim=1)
         mask = torch.ones(all_feats.shape[:2], dtype=torch.bool, device=device)
         return last_stage(model.temporal(all_feats, mask))[0].float().softmax(-1).cpu()
@@ -76,11 +76,11 @@ def streamed_probabilities(
     for x in chunks(frames, chunk):
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
         probs.append(last_stage(model(x.to(device), mask, carry))[0].float().softmax(-1).cpu())
-    return torch.cat(probs) if probs else torch.zeros((0, classes))
+    return torch.cat(probs) if probs else torch.zeros((0, num_classes))
 
 
 @dataclass(frozen=True)
-class FrameRecipe:
+class FrameSampling:
     """How frames are made from a video: as distseq shard made the training frames."""
 
     fps: Fraction | None  # output frames/s; None: unknown, so videos cannot be read
@@ -99,14 +99,14 @@ def _training_manifest(loaded: Loaded) -> tuple[Manifest | None, str]:
         return None, f"the model's training index.json is not readable here ({e})"
 
 
-def frame_recipe(
+def frame_sampling(
     loaded: Loaded,
     fps: float | None = None,
     folder_fps: float | None = None,
     size: int = 0,
     quality: int = 0,
-) -> FrameRecipe:
-    """The recipe of the model's training frames: what is given here (None or 0: not given),
+) -> FrameSampling:
+    """How the model's training frames were sampled: what is given here (None or 0: not given),
     else what its training shards' index.json recorded, else the defaults."""
     trained, unreadable = _training_manifest(loaded)
     why = unreadable or "the model's training index.json records no frame rate"
@@ -115,7 +115,7 @@ def frame_recipe(
     quality = quality or (trained.quality if trained and trained.quality else JPEG_QUALITY)
     rate = None if fps is None else Fraction(fps).limit_denominator(10_000)
     folder = None if folder_fps is None else Fraction(folder_fps).limit_denominator(10_000)
-    return FrameRecipe(rate, size, quality, folder, "" if rate else why)
+    return FrameSampling(rate, size, quality, folder, "" if rate else why)
 
 
 def is_shards(text: str) -> bool:
@@ -155,7 +155,7 @@ def _check_classes(shards: str, loaded: Loaded, manifest_path: str) -> None:
 
 
 def videos(
-    inputs: list[str], loaded: Loaded, how: FrameRecipe, manifest: str = ""
+    inputs: list[str], loaded: Loaded, sampling: FrameSampling, manifest: str = ""
 ) -> Iterator[Video]:
     """Every video of ``inputs``, lazily, in order; ``manifest``: the index.json of the shards
     among them (default: beside them)."""
@@ -169,13 +169,15 @@ def videos(
                     yield video.key, frames_of(video, data.size)
             continue
         for source in find_sources([Path(item)]):
-            if how.fps is None:
+            if sampling.fps is None:
                 raise ConfigError(
-                    f"{source.path}: --fps needed: {how.unknown_fps}, so the frame rate its "
+                    f"{source.path}: --fps needed: {sampling.unknown_fps}, so the frame rate its "
                     "shards were made at is unknown"
                 )
-            folder_fps = how.folder_fps or how.fps
-            frames = source_frames(source, how.fps, folder_fps, how.size, how.quality)
+            folder_fps = sampling.folder_fps or sampling.fps
+            frames = source_frames(
+                source, sampling.fps, folder_fps, sampling.size, sampling.quality
+            )
             jpegs = ((k, j) for k, j in frames)
             yield source.stem, _frames(jpegs, str(source.path), data.size, data.frame_stride)
 
@@ -183,7 +185,7 @@ def videos(
 def predict_videos(
     loaded: Loaded,
     inputs: list[str],
-    how: FrameRecipe,
+    sampling: FrameSampling,
     chunk: int,
     out: Path,
     ribbons: bool,
@@ -195,10 +197,10 @@ def predict_videos(
     index.json of the shards among the inputs (default: beside them)."""
     out.mkdir(parents=True, exist_ok=True)
     # The frame rate of the rows, for the time column: the made frames, then the stride.
-    rate = None if how.fps is None else float(how.fps) / loaded.config.data.frame_stride
+    rate = None if sampling.fps is None else float(sampling.fps) / loaded.config.data.frame_stride
     model = loaded.over_frames().to(info.device)
     done = 0
-    for i, (name, frames) in enumerate(videos(inputs, loaded, how, manifest)):
+    for i, (name, frames) in enumerate(videos(inputs, loaded, sampling, manifest)):
         if i % info.world != info.rank:
             continue
         probs = streamed_probabilities(model, frames, chunk, info.device, len(loaded.classes))

@@ -35,7 +35,7 @@ from distseq.memory.probe import Probe, RunShape, first_chunk, probe, resident_b
 from distseq.units import format_size, parse_budget
 
 PLAN_FILE = "plan.json"
-_FRESH, _RECORDED, _HOLDS_ANEW = 0, 1, 2  # how a start plans: rank 0's decision for all
+_FRESH, _RECORDED, _HOLDS_ANEW = 0, 1, 2  # how a start plans (start): rank 0's decision for all
 
 
 def budget_bytes(text: str, device: torch.device) -> int:
@@ -109,7 +109,7 @@ def plan_for_budget(
     cfg: Config,
     model: nn.Module,
     chunked: ChunkedModel,
-    classes: int,
+    num_classes: int,
     window: int,
     device: torch.device,
     agree: Callable[[torch.Tensor], torch.Tensor],
@@ -131,24 +131,24 @@ def plan_for_budget(
     path = Path(cfg.train.out_dir) / PLAN_FILE
     now: dict[str, Any] = dict(budget_bytes=budget, device=device_kind(device), shape=_shape(cfg))
     recorded = Recorded.read(path) if is_main else None
-    how, k = _FRESH, first_chunk(cfg.memory.chunk_frames, window)
+    start, k = _FRESH, first_chunk(cfg.memory.chunk_frames, window)
     if recorded is not None:
         then = dict(
             budget_bytes=recorded.budget_bytes, device=recorded.device, shape=recorded.shape
         )
         if then == now and recorded.probe.fixed_bytes == fixed:
-            how, k = _RECORDED, recorded.probe.chunk_frames
+            start, k = _RECORDED, recorded.probe.chunk_frames
         else:
-            how, k = _HOLDS_ANEW, recorded.probe.chunk_frames
+            start, k = _HOLDS_ANEW, recorded.probe.chunk_frames
             say(
                 f"memory plan: {path} was planned for {_changes(then, now, recorded, fixed)}; "
                 f"planning the holds anew at the run's chunk={k}"
             )
-    how, k = (int(x) for x in agree(torch.tensor([how, k], device=device)).tolist())
+    start, k = (int(x) for x in agree(torch.tensor([start, k], device=device)).tolist())
     shape = RunShape(
         data.batch_size,
         data.size,
-        classes,
+        num_classes,
         window,
         device,
         frames_on_host=cfg.memory.offload is Offload.frames,
@@ -158,7 +158,7 @@ def plan_for_budget(
     def plan_at(chunk: int) -> Plan:
         return _probed_plan(model, chunked, shape, chunk, budget, agree)
 
-    if how == _RECORDED:
+    if start == _RECORDED:
         # Every rank reads the run's record: train.out_dir is shared by all of them.
         recorded = recorded or Recorded.read(path)
         if recorded is None:
@@ -168,7 +168,7 @@ def plan_for_budget(
         say(f"memory plan: {plan.describe(window)} (as planned at the run's start)")
     else:
         # A chunk size recorded once is kept: under BatchNorm it is part of the model.
-        plan = plan_at(k) if how == _HOLDS_ANEW else fit(plan_at, k, window, say)
+        plan = plan_at(k) if start == _HOLDS_ANEW else fit(plan_at, k, window, say)
         plan.check(window)
         say(f"memory plan: {plan.describe(window)}")
         if is_main:
@@ -196,7 +196,7 @@ def plan_memory(
     model: ChunkedModel,
     budget: str | int,
     frames: torch.Tensor,
-    classes: int,
+    num_classes: int,
     *,
     wrapped: nn.Module | None = None,
     sequence: int = 1,
@@ -206,7 +206,7 @@ def plan_memory(
     """The least recompute for a training step of ``frames``' shape [B, T, C, H, W] to fit
     ``budget`` ("2GB", a fraction of the GPU such as "0.5", or bytes), as ``memory.budget``
     plans a run: ``model`` probed (``wrapped``, if given, is it under FSDP2 or DDP) on random
-    frames of that shape with cross-entropy over ``classes``, then the chunks kept whole and the
+    frames of that shape with cross-entropy over ``num_classes``, then the chunks kept whole and the
     stages each other chunk holds chosen, at ``model.chunk_frames`` or, where even that floor does
     not fit, a smaller chunk. Returns the plan, not yet applied: ``plan.apply(model)`` runs by
     it, ``plan.describe(T)`` says it in one line, ``save_plan`` keeps it. Every rank of a group
@@ -225,7 +225,7 @@ def plan_memory(
             f"plan_memory: a budget of {format_size(budget)} is below the parameters and "
             f"optimizer state alone ({format_size(fixed)})"
         )
-    shape = RunShape(b, (h, w), classes, t, device, model.prefetch_frames, c, sequence)
+    shape = RunShape(b, (h, w), num_classes, t, device, model.prefetch_frames, c, sequence)
 
     def plan_at(chunk: int) -> Plan:
         return _probed_plan(wrapped or model, model, shape, chunk, budget, agree)

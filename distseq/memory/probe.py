@@ -85,7 +85,7 @@ class RunShape:
 
     batch_size: int  # sequences per rank per micro-step
     size: int | tuple[int, int]  # frames are size x size, or (H, W)
-    classes: int
+    num_classes: int
     window: int  # T, frames per training window
     device: torch.device
     # memory.offload=frames: the frames stay in (pinned) host memory and cost the device nothing
@@ -215,7 +215,7 @@ def probe(model: nn.Module, chunked: ChunkedModel, shape: RunShape, chunk: int) 
     def step(t: int, hold: Hold, timings: int = 1) -> StepCost:
         x = frames(t)
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=device)
-        labels = torch.randint(0, shape.classes, x.shape[:2], generator=g).to(device)
+        labels = torch.randint(0, shape.num_classes, x.shape[:2], generator=g).to(device)
         with chunked.holding(chunk, lambda frames, _: [hold] * math.ceil(frames / chunk)):
             return measure_step(model, x, mask, labels, timings)
 

@@ -35,14 +35,20 @@ class Stage(nn.Module):
     the classes."""
 
     def __init__(
-        self, layers: int, channels: int, in_dim: int, classes: int, dropout: float, causal: bool
+        self,
+        layers: int,
+        channels: int,
+        in_dim: int,
+        num_classes: int,
+        dropout: float,
+        causal: bool,
     ) -> None:
         super().__init__()
         self.input = nn.Conv1d(in_dim, channels, 1)
         self.layers = nn.ModuleList(
             DilatedResidual(2**i, channels, dropout, causal) for i in range(layers)
         )
-        self.output = nn.Conv1d(channels, classes, 1)
+        self.output = nn.Conv1d(channels, num_classes, 1)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # MS-TCN's code masks after each layer, not after the input convolution, so that the
@@ -60,7 +66,7 @@ class MSTCN(nn.Module):
     def __init__(
         self,
         in_dim: int,
-        classes: int,
+        num_classes: int,
         *,
         stages: int,
         layers: int,
@@ -71,7 +77,7 @@ class MSTCN(nn.Module):
         super().__init__()
         self.causal = causal
         self.stages = nn.ModuleList(
-            Stage(layers, channels, in_dim if s == 0 else classes, classes, dropout, causal)
+            Stage(layers, channels, in_dim if s == 0 else num_classes, num_classes, dropout, causal)
             for s in range(stages)
         )
 

@@ -95,7 +95,7 @@ class LocalTransformer(nn.Module):
     def __init__(
         self,
         in_dim: int,
-        classes: int,
+        num_classes: int,
         *,
         width: int,
         layers: int,
@@ -111,7 +111,7 @@ class LocalTransformer(nn.Module):
             Block(width, heads, window, causal, dropout) for _ in range(layers)
         )
         self.norm = nn.LayerNorm(width)
-        self.classifier = nn.Linear(width, classes)
+        self.classifier = nn.Linear(width, num_classes)
 
     def forward(self, feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.input(feats)

@@ -121,7 +121,7 @@ def count_video(
     key: str,
     predicted: Sequence[int],
     truth: Sequence[int],
-    classes: int,
+    num_classes: int,
     scoring: Scoring = STRICT,
 ) -> VideoCounts:
     """The counts of one video's per-frame predictions against its truth, judged by
@@ -131,7 +131,7 @@ def count_video(
         raise ValueError(f"video {key}: {pred.shape} predictions for {gt.shape} labels")
     correct = _relaxed(pred, gt, scoring)
     tp, npred, ntruth, union, strict = [], [], [], [], []
-    for p in range(classes):
+    for p in range(num_classes):
         is_pred, is_true = pred == p, gt == p
         either = is_pred | is_true
         tp.append(int((correct & either).sum()))
@@ -215,13 +215,13 @@ def summarize(
     return report
 
 
-def frame_level(videos: Sequence[VideoCounts], classes: int) -> dict[str, float]:
+def frame_level(videos: Sequence[VideoCounts], num_classes: int) -> dict[str, float]:
     """Strict scores over all frames concatenated; macro over the phases seen at all."""
     frames = sum(v.frames for v in videos)
-    strict = [sum(v.strict_tp[p] for v in videos) for p in range(classes)]
-    pred = [sum(v.predicted[p] for v in videos) for p in range(classes)]
-    true = [sum(v.truth[p] for v in videos) for p in range(classes)]
-    seen = [p for p in range(classes) if pred[p] or true[p]]
+    strict = [sum(v.strict_tp[p] for v in videos) for p in range(num_classes)]
+    pred = [sum(v.predicted[p] for v in videos) for p in range(num_classes)]
+    true = [sum(v.truth[p] for v in videos) for p in range(num_classes)]
+    seen = [p for p in range(num_classes) if pred[p] or true[p]]
 
     def div(a: int, b: int) -> float:
         return a / b if b else 0.0

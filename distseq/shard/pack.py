@@ -73,11 +73,13 @@ def _samples(tar: tarfile.TarFile) -> list[list[tarfile.TarInfo]]:
 
 class Packer:
     """Packs whole videos into one split's shards and commits them in groups (module docstring);
-    counts each shard's frames of each of ``classes`` class ids from the labels it packs."""
+    counts each shard's frames of each of ``num_classes`` class ids from the labels it packs."""
 
-    def __init__(self, out: Path, split: str, index: int, max_bytes: float, classes: int) -> None:
+    def __init__(
+        self, out: Path, split: str, index: int, max_bytes: float, num_classes: int
+    ) -> None:
         self.out, self.split, self.index, self.max_bytes = out, split, index, max_bytes
-        self.classes = classes
+        self.num_classes = num_classes
         self.file: io.BufferedWriter | None = None
         self.tar: tarfile.TarFile | None = None
         self.info = self._new_info()
@@ -91,7 +93,7 @@ class Packer:
         return f"{self.split}-{self.index:06d}.tar"
 
     def _new_info(self) -> ShardInfo:
-        return ShardInfo(self.split, 0, 0, [0] * self.classes)
+        return ShardInfo(self.split, 0, 0, [0] * self.num_classes)
 
     def add(self, tar_path: Path, stem: str, source: dict[str, Any]) -> None:
         with tarfile.open(tar_path) as src:

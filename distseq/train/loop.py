@@ -208,16 +208,16 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         say(f"optim.groups: {frozen} parameters frozen through step {steps}, the run's last")
     # A backbone frozen for a while and then trained gets no gradient while frozen.
     frozen_steps = 0 < backbone_frozen_until(plain, groups) < steps
-    how = (cfg.parallel.mode, cfg.parallel.precision, info)
+    wrapping = (cfg.parallel.mode, cfg.parallel.precision, info)
     part = None
     if isinstance(plain, FeatureModel):  # no backbone: nothing to chunk, compile or plan
-        model = parallelize(plain, *how)
+        model = parallelize(plain, *wrapping)
     else:
         chunked = apply_memory_policy(plain, cfg.memory)
         if cfg.model.compile:  # before planning: the plan measures the compiled backbone
             chunked.compile_backbone(cfg.model.compile_backend)
         sequence = cfg.parallel.sequence
-        model = parallelize(chunked, *how, frozen_steps=frozen_steps, sequence=sequence)
+        model = parallelize(chunked, *wrapping, frozen_steps=frozen_steps, sequence=sequence)
         if cfg.memory.budget:
             classes = manifest.num_classes
             window = _longest_window(cfg, info)

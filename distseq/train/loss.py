@@ -21,12 +21,12 @@ from distseq.errors import ConfigError, ModelError
 
 
 class Loss:
-    """``classes``: the data's class count, which the logits must have (None: not checked)."""
+    """``num_classes``: the data's class count, which the logits must have (None: not checked)."""
 
     def __init__(
-        self, cfg: LossConfig, weights: list[float] | None, classes: int | None = None
+        self, cfg: LossConfig, weights: list[float] | None, num_classes: int | None = None
     ) -> None:
-        self.classes = classes
+        self.num_classes = num_classes
         self.smoothing = cfg.smoothing
         self.clip = cfg.smoothing_clip
         self.weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
@@ -50,11 +50,12 @@ class Loss:
         summed over the stages of ``logits`` [B, T, K] or [S, B, T, K]."""
         # A head of the user's own that ignores num_classes trained silently (a [B, T, 1] head on
         # 2 classes to loss 0.0000, 5 extra classes without a word): refused at the first step.
-        if self.classes is not None and logits.shape[-1] != self.classes:
+        if self.num_classes is not None and logits.shape[-1] != self.num_classes:
             raise ModelError(
                 f"the head returns {logits.shape[-1]} class scores a frame (logits of shape "
-                f"{list(logits.shape)}), and the data has {self.classes} classes: a head's last "
-                "dimension is the data's class count, given to a head's factory as num_classes"
+                f"{list(logits.shape)}), and the data has {self.num_classes} classes: a head's "
+                "last dimension is the data's class count, given to a head's factory as "
+                "num_classes"
             )
         stages = logits.float() if logits.dim() == 4 else logits.float()[None]
         weights = None if self.weights is None else self.weights.to(logits.device)

@@ -19,14 +19,14 @@ from distseq.data.manifest import find_manifest
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
 from distseq.infer.features import write_features
-from distseq.infer.predict import FrameRecipe
+from distseq.infer.predict import FrameSampling
 from distseq.model.backbone import tiny_cnn
 from distseq.model.frames import IMAGENET_MEAN, IMAGENET_STD
 from distseq.model.video import build_feature_model
 from streams import N_TRAIN, N_VAL, PER_SHARD, label_counts_of
 
 SPLIT = "val-{000000..000001}.tar"
-HOW = FrameRecipe(None, 32, 90, None)  # shards need no recipe: their frames are made
+HOW = FrameSampling(None, 32, 90, None)  # shards need no recipe: their frames are made
 
 
 def test_features_equal_the_backbone_over_the_whole_video(shards: Path, tmp_path: Path) -> None:

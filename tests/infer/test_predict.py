@@ -20,7 +20,7 @@ from distseq.config import load_config, to_dict
 from distseq.data.decode import check_sample, decode
 from distseq.data.tar import read_shard
 from distseq.errors import DataError
-from distseq.infer.predict import frame_recipe, is_shards, streamed_probabilities, videos
+from distseq.infer.predict import frame_sampling, is_shards, streamed_probabilities, videos
 from distseq.memory.measure import peak_memory
 from distseq.model.head import last_stage
 from distseq.model.video import build_model
@@ -51,7 +51,7 @@ def test_streaming_equals_the_whole_video(head: str) -> None:
     # 4 frames would give MS-TCN and the transformer other outputs.
     model = tiny_model(**HEADS[head])
     frames = random_batch(1, 13).frames  # 13 frames in chunks of 4: the last one is short
-    streamed = streamed_probabilities(model, iter(frames[0]), chunk=4, device=CPU, classes=3)
+    streamed = streamed_probabilities(model, iter(frames[0]), chunk=4, device=CPU, num_classes=3)
     torch.testing.assert_close(streamed, whole(model, frames), rtol=1e-5, atol=1e-6)
 
 
@@ -94,7 +94,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Loaded]:
 
 def test_a_video_gets_the_pixels_its_shards_have(trained: tuple[Path, Loaded]) -> None:
     _, loaded = trained
-    how = frame_recipe(loaded)  # read from the training shards' index.json
+    how = frame_sampling(loaded)  # read from the training shards' index.json
     assert (float(how.fps or 0), how.size, how.quality) == (5.0, 40, 80)
     ((name, frames),) = videos([str(CLIP)], loaded, how)
     made = torch.stack(list(frames))
@@ -190,7 +190,7 @@ def test_a_manifest_named_and_missing_is_refused_not_skipped(shards: Path, tmp_p
     # none are predicted on unchecked); a --manifest that names no file is a mistake to say, not
     # a check to skip.
     loaded = untrained(shards, ["phase0", "phase1", "phase2"])
-    how = frame_recipe(loaded)
+    how = frame_sampling(loaded)
     inputs = [f"{shards}/val-000000.tar"]
     assert next(videos(inputs, loaded, how))[0]
     with pytest.raises(DataError, match=r"manifest not found: .*typo\.json \(set --manifest\)"):

@@ -26,7 +26,7 @@ FEW = ["train.steps=2", "train.log_every=1", "data.num_workers=0", "parallel.mod
 def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A release of the published layout: 5 training videos and a test video, 2048 features."""
     root, out = tmp_path_factory.mktemp("release"), tmp_path_factory.mktemp("imported")
-    simulated_release(root, videos=5, feature_dim=2048, classes=4, min_frames=30, max_frames=60)
+    simulated_release(root, videos=5, feature_dim=2048, num_classes=4, min_frames=30, max_frames=60)
     import_release(root, 1, out)
     return out
 

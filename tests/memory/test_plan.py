@@ -18,7 +18,7 @@ from distseq.memory.probe import Probe, RunShape, probe, resident_bytes
 
 CPU = torch.device("cpu")
 T, SIZE = 48, 32
-SHAPE = RunShape(batch_size=1, size=SIZE, classes=3, window=T, device=CPU)
+SHAPE = RunShape(batch_size=1, size=SIZE, num_classes=3, window=T, device=CPU)
 
 
 @pytest.mark.slow

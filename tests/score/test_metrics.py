@@ -12,7 +12,7 @@ NAN = math.nan
 
 
 def metrics(pred: list[int], truth: list[int], window: int = 0) -> dict:
-    return video_metrics(count_video("v", pred, truth, classes=3, scoring=Scoring(window)))
+    return video_metrics(count_video("v", pred, truth, num_classes=3, scoring=Scoring(window)))
 
 
 def same(got: list[float], want: list[float]) -> bool:
@@ -90,9 +90,9 @@ def test_each_window_applies_where_it_is_tested(
 
 
 def test_aggregation_over_videos_then_phases() -> None:
-    a = count_video("a", [0, 0, 1, 1, 1, 2], [0, 0, 0, 1, 1, 1], classes=3)  # as above
+    a = count_video("a", [0, 0, 1, 1, 1, 2], [0, 0, 0, 1, 1, 1], num_classes=3)  # as above
     # b: truth 2 2, prediction 2 0: accuracy 1/2; phase 2: TP 1, P 1/1, R 1/2, J 1/2, F1 2/3.
-    b = count_video("b", [2, 0], [2, 2], classes=3)
+    b = count_video("b", [2, 0], [2, 2], num_classes=3)
     report = summarize([a, b], ["p0", "p1", "p2"])
     assert report["videos"] == 2
     # accuracy over videos: (4/6 + 1/2) / 2; std with N - 1: |4/6 - 1/2| / sqrt(2)
@@ -116,4 +116,4 @@ def test_aggregation_over_videos_then_phases() -> None:
 
 def test_lengths_must_match() -> None:
     with pytest.raises(ValueError, match="video v: \\(2,\\) predictions for \\(3,\\) labels"):
-        count_video("v", [0, 1], [0, 1, 1], classes=2)
+        count_video("v", [0, 1], [0, 1, 1], num_classes=2)

@@ -34,7 +34,7 @@ def test_whole_videos_fill_shards_and_each_group_is_committed(tmp_path: Path) ->
     (out / ".done").mkdir(parents=True)
     # Each frame takes 512 + 512 bytes (header and one data block): a video of 3 frames and its
     # labels take 4 KiB, so two do not fit in 6 KiB and every video opens a shard of its own.
-    packer = Packer(out, "train", 0, max_bytes=6 * 1024, classes=2)
+    packer = Packer(out, "train", 0, max_bytes=6 * 1024, num_classes=2)
     for i in range(3):
         packer.add(video_tar(tmp_path / f"v{i}.tar", f"v{i}", 3, 100), f"v{i}", {"i": i})
     packer.close()
@@ -50,14 +50,14 @@ def test_whole_videos_fill_shards_and_each_group_is_committed(tmp_path: Path) ->
 def test_what_a_killed_run_left_is_removed_and_its_videos_redone(tmp_path: Path) -> None:
     out = tmp_path / "out"
     (out / ".done").mkdir(parents=True)
-    packer = Packer(out, "val", 0, max_bytes=1e9, classes=2)
+    packer = Packer(out, "val", 0, max_bytes=1e9, num_classes=2)
     packer.add(video_tar(tmp_path / "a.tar", "a", 2, 10), "a", {})
     packer.close()
     (out / "val-000001.tar").write_bytes(b"renamed, never committed")
     (out / "val-000002.tar.tmp").write_bytes(b"open when killed")
     (out / ".work").mkdir()
     # A committed shard that is gone: its record goes, and its videos are redone.
-    packer = Packer(out, "val", 3, max_bytes=1e9, classes=2)
+    packer = Packer(out, "val", 3, max_bytes=1e9, num_classes=2)
     packer.add(video_tar(tmp_path / "b.tar", "b", 2, 10), "b", {})
     packer.close()
     (out / "val-000003.tar").unlink()
@@ -72,7 +72,7 @@ def test_each_shard_s_label_counts_are_the_labels_it_holds(tmp_path: Path) -> No
     before the counts has its shard's counted from the shard when index.json is written."""
     out = tmp_path / "out"
     (out / ".done").mkdir(parents=True)
-    packer = Packer(out, "train", 0, max_bytes=12 * 1024, classes=2)
+    packer = Packer(out, "train", 0, max_bytes=12 * 1024, num_classes=2)
     for i, frames in enumerate((5, 4, 7)):  # 6 + 5 KiB fit in a shard, 8 open one (1 KiB a member)
         packer.add(video_tar(tmp_path / f"v{i}.tar", f"v{i}", frames, 10), f"v{i}", {})
     packer.close()

@@ -20,7 +20,7 @@ from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError
 from distseq.evaluate.judging import Judging, evaluate
 from distseq.infer.features import write_features
-from distseq.infer.predict import FrameRecipe
+from distseq.infer.predict import FrameSampling
 from distseq.model.video import FeatureModel, build_model
 from distseq.train.loop import train
 from distseq.train.step import train_step
@@ -56,7 +56,7 @@ def features(tmp_path_factory: pytest.TempPathFactory, shards: Path, backbone: L
     inputs = [f"{shards}/train-{{000000..000003}}.tar", f"{shards}/val-{{000000..000001}}.tar"]
     # Each video in one chunk, as the test below runs the backbone over it: the convolutions then
     # see the same batch and round alike.
-    write_features(backbone, inputs, FrameRecipe(None, 32, 90, None), 100, out, ONE)
+    write_features(backbone, inputs, FrameSampling(None, 32, 90, None), 100, out, ONE)
     return out
 
 
