@@ -7,11 +7,11 @@ Rows, per T:
 - ``per_block``: every CNN block checkpointed (torch's ``apply_activation_checkpointing`` with a
   per-block policy, what Lightning's, accelerate's and torchtitan's activation checkpointing
   give), the whole sequence at once;
-- ``tbptt64``: truncated BPTT as the published surgical baselines train it: 64-frame windows, a
+- ``tbptt``: truncated BPTT as the published surgical baselines train it: 64-frame windows, a
   backward per window, the RNN state carried but detached, nothing recomputed;
 - ``chunked``: distseq at a fixed chunk, every chunk recomputed;
 - ``planner``: distseq under ``memory.budget`` at 25%, 50% and 75% of plain's peak and at
-  tbptt64's;
+  tbptt's;
 - ``planner_offload``: the planner at 50% with ``memory.offload=frames``;
 - with ``--compile BACKEND``: ``plain_compiled`` and ``chunked_compiled``, those two rows with
   the backbone compiled (``model.compile``), after a step that compiles it.
@@ -178,7 +178,7 @@ def compare(case: Case) -> tuple[list[Row], Probe, int]:
     rows = [
         measure(plain, whole_step, "plain"),
         measure(blocks, whole_step, "per_block"),
-        measure(case.model(Recompute.none, case.frames), _windows, "tbptt64"),
+        measure(case.model(Recompute.none, case.frames), _windows, "tbptt"),
         measure(chunked, whole_step, "chunked"),
     ]
     rows[3].floor_bytes = floor_bytes(case.backbone, chunked, batch[0], batch[1], case.chunk)
@@ -258,9 +258,9 @@ def targets(rows: list[Row]) -> list[str]:
         half, tbptt = planned[1], planned[-1]
         if half.plain_ratio is not None:
             out.append(f"T={frames} half of plain's memory: {half.plain_ratio:.2f}x plain (<= 1.2)")
-        if tbptt.step_seconds is not None and at["tbptt64"].step_seconds:
-            ratio = tbptt.step_seconds / at["tbptt64"].step_seconds
-            out.append(f"T={frames} at tbptt64's peak: exact {ratio:.2f}x tbptt64's time")
+        if tbptt.step_seconds is not None and at["tbptt"].step_seconds:
+            ratio = tbptt.step_seconds / at["tbptt"].step_seconds
+            out.append(f"T={frames} at tbptt's peak: exact {ratio:.2f}x tbptt's time")
         chunked = at["chunked"]
         for name in ("plain", "chunked"):
             fast, slow = at.get(f"{name}_compiled"), at[name]

@@ -1,9 +1,11 @@
 """The recall task (``task.py``) trained three ways, one table: what ``distseq demo`` runs.
 
 - ``per_frame``: a CNN alone, no RNN (``model.head.kind=none``);
-- ``tbptt64``: the CNN+GRU with truncated BPTT at 64 frames (``memory.tbptt_frames=64``), the
+- ``tbptt``: the CNN+GRU with truncated BPTT at 64 frames (``memory.tbptt_frames=64``), the
   state carried but detached, as published surgical-video models train;
-- ``exact``: the same CNN+GRU with distseq's exact gradients through all 512 frames.
+- ``end_to_end``: the same CNN+GRU with distseq's exact gradients through all 512 frames.
+
+The names are ``bench recipes``' for the same recipes.
 
 Each row: the validation accuracy that training logs, the time of one training step and its peak
 memory, measured as ``bench memory`` measures them, beside plain autograd's peak for the same
@@ -34,8 +36,8 @@ from distseq.units import MIB
 
 MODELS = {
     "per_frame": ["model.head.kind=none", "model.head.chrono_frames=0"],
-    "tbptt64": ["memory.tbptt_frames=64"],
-    "exact": [],
+    "tbptt": ["memory.tbptt_frames=64"],
+    "end_to_end": [],
 }
 LENGTH, SIZE, PER_SHARD = 512, 16, 16
 

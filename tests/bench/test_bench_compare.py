@@ -13,7 +13,7 @@ from torchcodec.decoders import decode_png
 from distseq.bench.compare import Row
 from distseq.cli import main
 
-APPROACHES = ["plain", "per_block", "tbptt64", "chunked", *["planner"] * 4, "planner_offload"]
+APPROACHES = ["plain", "per_block", "tbptt", "chunked", *["planner"] * 4, "planner_offload"]
 
 
 @pytest.mark.slow
@@ -35,7 +35,7 @@ def test_every_row_and_column(
     assert {name: r["exact"] for name, r in by.items()} == {
         "plain": True,
         "per_block": True,
-        "tbptt64": False,
+        "tbptt": False,
         "chunked": True,
     }
     assert by["chunked"]["peak_bytes"] < by["plain"]["peak_bytes"]
@@ -46,7 +46,7 @@ def test_every_row_and_column(
     plain_peak = by["plain"]["peak_bytes"]
     budgets = [r["budget_bytes"] for r in rows[4:]]
     assert budgets[:3] == [int(s * plain_peak) for s in (0.25, 0.5, 0.75)]
-    assert budgets[3] == by["tbptt64"]["peak_bytes"] and budgets[4] == budgets[1]
+    assert budgets[3] == by["tbptt"]["peak_bytes"] and budgets[4] == budgets[1]
     table = (tmp_path / "compare.md").read_text()
     ran = [r for r in rows[4:] if r["peak_bytes"] is not None]
     assert len(ran) >= 2, rows[4:]

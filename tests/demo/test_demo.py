@@ -19,19 +19,19 @@ def test_a_short_demo_gives_all_three_rows(tmp_path: Path) -> None:
     proc = run_distseq(*argv, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [r["model"] for r in rows] == ["per_frame", "tbptt64", "exact"]
+    assert [r["model"] for r in rows] == ["per_frame", "tbptt", "end_to_end"]
     for r in rows:
         assert set(r) == {f.name for f in fields(DemoRecord)}
         assert 0 <= r["memory_accuracy"] == r["accuracy"] <= 1  # all labelled frames need memory
         assert r["step_seconds"] > 0 and r["train_seconds"] > 0
         # Chunks of 64 out of 512 frames: checkpointing keeps far less than plain autograd.
         assert 0 < r["peak_bytes"] < r["plain_peak_bytes"] / 2, r
-    for name in ("per_frame", "tbptt64", "exact"):
+    for name in ("per_frame", "tbptt", "end_to_end"):
         assert (tmp_path / "demo" / name / "checkpoints" / "latest").is_file()
     # The task's frames are mostly unlabelled; the report leaves them out (white in a ribbon).
-    report = run_distseq("report", str(tmp_path / "demo" / "exact"), cwd=tmp_path)
+    report = run_distseq("report", str(tmp_path / "demo" / "end_to_end"), cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
-    assert len(list((tmp_path / "demo" / "exact" / "report" / "ribbons").glob("*.png"))) == 8
+    assert len(list((tmp_path / "demo" / "end_to_end" / "report" / "ribbons").glob("*.png"))) == 8
     text = table([DemoRecord(**r) for r in rows], 8)
     assert text.splitlines()[0].startswith("recall a cue 200+ frames back: 8 validation sequences")
-    assert [line.split()[0] for line in text.splitlines()[2:]] == ["per_frame", "tbptt64", "exact"]
+    assert [line.split()[0] for line in text.splitlines()[2:]] == ["per_frame", "tbptt", "end_to_end"]
