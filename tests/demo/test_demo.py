@@ -34,4 +34,5 @@ def test_a_short_demo_gives_all_three_rows(tmp_path: Path) -> None:
     assert len(list((tmp_path / "demo" / "end_to_end" / "report" / "ribbons").glob("*.png"))) == 8
     text = table([DemoRecord(**r) for r in rows], 8)
     assert text.splitlines()[0].startswith("recall a cue 200+ frames back: 8 validation sequences")
-    assert [line.split()[0] for line in text.splitlines()[2:]] == ["per_frame", "tbptt", "end_to_end"]
+    names = [line.split()[0] for line in text.splitlines()[2:]]
+    assert names == ["per_frame", "tbptt", "end_to_end"]
