@@ -38,12 +38,17 @@ def test_renamed_keys_are_read_with_a_notice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "old.yaml"
-    path.write_text("data: {frames: 12}\nmemory: {backend: fairscale}\n")
+    path.write_text(
+        "data: {frames: 12}\nmemory: {backend: fairscale}\n"
+        "model: {head: {kind: transformer, window: 16}}\n"
+    )
     cfg = load_config(path)
     assert cfg.data.window == 12 and cfg.memory.recompute.value == "fairscale"
+    assert cfg.model.head.span == 16
     err = capsys.readouterr().err
     assert "config key data.frames is now data.window" in err
     assert "config key memory.backend is now memory.recompute" in err
+    assert "config key model.head.window is now model.head.span" in err
     assert load_config(None, ["data.frames=7"]).data.window == 7
     # A newer override wins over an old name in the file, as over any value there.
     assert load_config(path, ["data.window=5"]).data.window == 5

@@ -16,6 +16,7 @@ from distseq.bench.protocols import ProtocolsBench, bench_protocols
 from distseq.bench.recipes import RECIPES, STAGE3, RecipesBench, bench_recipes
 from distseq.bench.traffic import TrafficBench, bench_traffic
 from distseq.config import Recompute
+from distseq.options import renamed
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 T = TypeVar("T")
@@ -32,19 +33,6 @@ def add_parser(sub: Subparsers) -> None:
     _add_gpu(bench_sub)
     _add_heads(bench_sub)
     _add_recipes(bench_sub)
-
-
-def _renamed(p: argparse.ArgumentParser, old: str, new: str) -> None:
-    """``old``, an option this command had, refused in one line naming ``new``: one meaning per
-    option name across distseq (``--frames``: several T, ``--chunk``: frames per chunk,
-    ``--classes``: class names, ``--workers``: processes)."""
-
-    class Renamed(argparse.Action):
-        def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
-            parser.exit(2, f"distseq: error: {old} is now {new}\n")
-
-    dest = "renamed_" + old.lstrip("-")
-    p.add_argument(old, action=Renamed, nargs="*", dest=dest, help=argparse.SUPPRESS)
 
 
 def _options(kind: type[T], args: argparse.Namespace) -> T:
@@ -105,7 +93,7 @@ def _add_data(sub: Subparsers) -> None:
         default=[0, 1, 2],
         help="loader workers (data.num_workers), one case each",
     )
-    _renamed(p, "--workers", "--num-workers")
+    renamed(p, "--workers", "--num-workers")
     p.add_argument("--model-fps", type=float, default=1000.0, help="frames/s a step consumes")
     p.add_argument(
         "--shards", default="", help="local train shards (index.json beside); default: synthetic"
@@ -144,8 +132,8 @@ def _add_traffic(sub: Subparsers) -> None:
         default=[1, 4],
         help="T / chunk, one run each",
     )
-    _renamed(p, "--frames", "--length")
-    _renamed(p, "--chunks", "--chunks-per-sequence")
+    renamed(p, "--frames", "--length")
+    renamed(p, "--chunks", "--chunks-per-sequence")
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4, 6], help="ranks per run")
     p.add_argument(
         "--sequences",
@@ -174,7 +162,7 @@ def _add_gpu(sub: Subparsers) -> None:
     )
     _cnn(p, "resnet50", 224)
     p.add_argument("--length", dest="frames", type=int, default=256, help="T, the sequence's")
-    _renamed(p, "--frames", "--length")
+    renamed(p, "--frames", "--length")
     p.add_argument("--chunk", type=int, default=16, help="frames per chunk (memory.chunk_frames)")
     p.add_argument("--compile", default="inductor", help="the torch.compile backend")
     p.add_argument("--loader-frames", type=int, default=1024, help="frames the loader row times")
@@ -192,9 +180,9 @@ def _add_heads(sub: Subparsers) -> None:
     )
     p.add_argument("--frames", type=int, nargs="+", default=[1000, 10000], help="T per case")
     p.add_argument("--feature-dim", type=int, default=2048, help="F, features a frame (I3D's)")
-    _renamed(p, "--features", "--feature-dim")
+    renamed(p, "--features", "--feature-dim")
     p.add_argument("--num-classes", dest="classes", type=int, default=19, help="K, 50Salads'")
-    _renamed(p, "--classes", "--num-classes")
+    renamed(p, "--classes", "--num-classes")
     p.add_argument("--videos", type=int, default=40, help="training videos of the epoch rows")
     p.add_argument("--min-frames", type=int, default=2900, help="the shortest simulated video")
     p.add_argument("--max-frames", type=int, default=5800, help="the longest simulated video")

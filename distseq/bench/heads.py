@@ -53,9 +53,9 @@ HEADS = {
     "mstcn-causal": HeadConfig(
         kind="mstcn", stages=4, layers=10, hidden=64, dropout=0.5, causal=True
     ),
-    "transformer": HeadConfig(kind="transformer", hidden=256, layers=4, window=128),
+    "transformer": HeadConfig(kind="transformer", hidden=256, layers=4, span=128),
     "transformer-causal": HeadConfig(
-        kind="transformer", hidden=256, layers=4, window=128, causal=True
+        kind="transformer", hidden=256, layers=4, span=128, causal=True
     ),
 }
 MSTCN = HEADS["mstcn"]

@@ -74,7 +74,7 @@ STAGE3 = ["optim.groups=[{prefix: backbone, lr_scale: 0.1}, {prefix: head, lr_sc
 # make a standard error of 0, and a "win" by 0.001 that no user would rent GPUs for.
 CLOSE = 0.01
 # Head options that only some kinds take: reset for the per-frame CNN, which has no head.
-_KIND_OPTIONS = ("bidirectional", "causal", "stages", "window", "attention_heads", "chrono_frames")
+_KIND_OPTIONS = ("bidirectional", "causal", "stages", "span", "attention_heads", "chrono_frames")
 # Keys of the user's config that the head on features does not take (those refused with
 # data.features; features are written at the frames' stride, once, and read whole) and that
 # stages 1 and 2 train without (one learning rate): set back to their defaults there.

@@ -119,12 +119,12 @@ DOCS: dict[str, str] = {
     ),
     "model.head.causal": (
         "`mstcn`, `transformer`: no frame sees the future (left-padded convolutions, attention "
-        "to earlier frames only), for online recognition. Like `stages`, `window` and "
+        "to earlier frames only), for online recognition. Like `stages`, `span` and "
         "`attention_heads` (and `bidirectional`, for the RNNs), refused with another kind: an "
         "option that would change nothing is a mistake"
     ),
     "model.head.stages": "`mstcn`: stages, each refining the softmax of the one before",
-    "model.head.window": (
+    "model.head.span": (
         "`transformer`: a frame attends to the frames less than this far away (only earlier "
         "ones when causal)"
     ),

@@ -18,7 +18,12 @@ from distseq.config.schema import Config, ParamGroup, init_source
 from distseq.errors import ConfigError, first_line
 
 # Keys renamed since they were introduced: still read, with a notice, so old configs keep working.
-RENAMED = {"data.frames": "data.window", "memory.backend": "memory.recompute"}
+RENAMED = {
+    "data.frames": "data.window",
+    "memory.backend": "memory.recompute",
+    # One meaning a word: data.window is T; the attention's reach is a span.
+    "model.head.window": "model.head.span",
+}
 
 
 def _absolute(urls: str) -> str:

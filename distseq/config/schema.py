@@ -211,7 +211,7 @@ class HeadConfig:
     # to earlier frames only), for online recognition. An RNN is causal unless bidirectional.
     causal: bool = False
     stages: int = 4  # mstcn: stages, each refining the softmax of the one before
-    window: int = 128  # transformer: a frame attends to the frames less than this far away
+    span: int = 128  # transformer: a frame attends to the frames less than this far away
     attention_heads: int = 4  # transformer: attention heads; they divide model.head.hidden
     # 0: PyTorch's initialisation. N: chrono initialisation (Tallec and Ollivier, 2018) for
     # dependencies of up to N frames: the RNN starts out remembering, not forgetting.
@@ -242,7 +242,7 @@ class HeadConfig:
         _check(self.layers >= 1, "model.head.layers", self.layers, "must be >= 1")
         _check(0.0 <= self.dropout < 1.0, "model.head.dropout", self.dropout, "must be in [0, 1)")
         _check(self.stages >= 1, "model.head.stages", self.stages, "must be >= 1")
-        _check(self.window >= 1, "model.head.window", self.window, "must be >= 1")
+        _check(self.span >= 1, "model.head.span", self.span, "must be >= 1")
         _check(
             self.attention_heads >= 1
             and (
@@ -264,7 +264,7 @@ class HeadConfig:
             ("chrono_frames", RNNS),
             ("causal", STATELESS),
             ("stages", (Temporal.mstcn.value,)),
-            ("window", (Temporal.transformer.value,)),
+            ("span", (Temporal.transformer.value,)),
             ("attention_heads", (Temporal.transformer.value,)),
         ):
             value = getattr(self, key)

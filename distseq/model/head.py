@@ -190,7 +190,7 @@ def _transformer(in_dim: int, cfg: HeadConfig, num_classes: int) -> nn.Module:
         width=cfg.hidden,
         layers=cfg.layers,
         heads=cfg.attention_heads,
-        window=cfg.window,
+        span=cfg.span,
         causal=cfg.causal,
         dropout=cfg.dropout,
     )

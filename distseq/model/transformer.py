@@ -1,7 +1,7 @@
 """A transformer encoder over frame features whose attention is local, so that it scales to
-whole videos: a frame attends to the frames less than ``window`` away (earlier ones only when
-``causal``), in blocks of ``window`` frames that each see their neighbour blocks. Memory and time
-grow as T x window, not T^2; ``layers`` blocks see ``layers x (window - 1)`` frames each way.
+whole videos: a frame attends to the frames less than ``span`` away (earlier ones only when
+``causal``), in blocks of ``span`` frames that each see their neighbour blocks. Memory and time
+grow as T x span, not T^2; ``layers`` blocks see ``layers x (span - 1)`` frames each way.
 
 features [B, T, F] + mask [B, T] -> logits [B, T, K]. Positions enter as ALiBi's biases (Press et
 al., 2022): head h adds -m_h x |i - j| to the score of frame i for frame j, so that what a frame
@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _blocks(x: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
-    """[..., n * window, E] -> each block of ``window`` with the one before (and after, unless
-    ``causal``), zero beyond the ends: [..., n, 2 or 3 x window, E]."""
-    b = x.unflatten(-2, (x.shape[-2] // window, window))  # [..., n, W, E]
+def _blocks(x: torch.Tensor, span: int, causal: bool) -> torch.Tensor:
+    """[..., n * span, E] -> each block of ``span`` with the one before (and after, unless
+    ``causal``), zero beyond the ends: [..., n, 2 or 3 x span, E]."""
+    b = x.unflatten(-2, (x.shape[-2] // span, span))  # [..., n, W, E]
     parts = [F.pad(b, (0, 0, 0, 0, 1, 0))[..., :-1, :, :], b]
     if not causal:
         parts.append(F.pad(b, (0, 0, 0, 0, 0, 1))[..., 1:, :, :])
@@ -35,16 +35,16 @@ def alibi_slopes(heads: int) -> torch.Tensor:
 class LocalAttention(nn.Module):
     slopes: torch.Tensor
 
-    def __init__(self, width: int, heads: int, window: int, causal: bool) -> None:
+    def __init__(self, width: int, heads: int, span: int, causal: bool) -> None:
         super().__init__()
-        self.heads, self.window, self.causal = heads, window, causal
+        self.heads, self.span, self.causal = heads, span, causal
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
         self.register_buffer("slopes", alibi_slopes(heads), persistent=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
-        w = self.window
+        w = self.span
         pad = -t % w
         n = (t + pad) // w
         # [B, T, 3D] -> q, k, v [B, H, n, W, d/H], the padded frames zero.
@@ -75,10 +75,10 @@ class LocalAttention(nn.Module):
 class Block(nn.Module):
     """Pre-norm: x + attention(norm(x)), then x + MLP(norm(x))."""
 
-    def __init__(self, width: int, heads: int, window: int, causal: bool, dropout: float) -> None:
+    def __init__(self, width: int, heads: int, span: int, causal: bool, dropout: float) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attention = LocalAttention(width, heads, window, causal)
+        self.attention = LocalAttention(width, heads, span, causal)
         self.mlp = nn.Sequential(
             nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
         )
@@ -100,7 +100,7 @@ class LocalTransformer(nn.Module):
         width: int,
         layers: int,
         heads: int,
-        window: int,
+        span: int,
         causal: bool,
         dropout: float,
     ) -> None:
@@ -108,7 +108,7 @@ class LocalTransformer(nn.Module):
         self.causal = causal
         self.input = nn.Linear(in_dim, width)
         self.blocks = nn.ModuleList(
-            Block(width, heads, window, causal, dropout) for _ in range(layers)
+            Block(width, heads, span, causal, dropout) for _ in range(layers)
         )
         self.norm = nn.LayerNorm(width)
         self.classifier = nn.Linear(width, num_classes)

@@ -18,6 +18,7 @@ from distseq.data.manifest import JPEG_QUALITY, SPLITS, Manifest
 from distseq.data.sources import safe_stem
 from distseq.errors import ConfigError
 from distseq.files import output_folder
+from distseq.options import renamed
 from distseq.shard.released import DEFAULT_VIDEOS_PER_SHARD, import_release
 from distseq.shard.write import Options, shard_inputs
 
@@ -84,8 +85,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=None,
         help="file of train videos (.bundle); videos in no list are left out",
     )
-    p.add_argument("--window", type=int, default=None, help="frames per sample (default: all)")
-    p.add_argument("--stride", type=int, default=None, help="frames between windows (= window)")
+    p.add_argument(
+        "--sample-frames", type=int, default=None, help="frames per sample (default: all)"
+    )
+    p.add_argument(
+        "--stride", type=int, default=None, help="frames between samples (= --sample-frames)"
+    )
+    renamed(p, "--window", "--sample-frames")
     vocabulary = p.add_mutually_exclusive_group()
     vocabulary.add_argument(
         "--classes", default=None, help="comma-separated phase names, in id order"
@@ -141,7 +147,7 @@ _FRAME_OPTIONS = (
     "test",
     "test_list",
     "train_list",
-    "window",
+    "sample_frames",
     "stride",
     "classes",
     "mapping",
@@ -195,10 +201,13 @@ def parse_options(args: argparse.Namespace) -> Options:
     check(args.max_shard_bytes > 0, "--max-shard-bytes", args.max_shard_bytes, "must be > 0")
     check(0 <= args.val_fraction < 1, "--val-fraction", args.val_fraction, "must be in [0, 1)")
     check(args.workers >= 0, "--workers", args.workers, "must be >= 0")
-    check(args.stride is None or args.window is not None, "--stride", args.stride, "needs --window")
-    window = args.window or 0
-    check(args.window is None or window >= 1, "--window", args.window, "must be >= 1")
-    stride = window if args.stride is None else args.stride
+    given = args.sample_frames
+    check(
+        args.stride is None or given is not None, "--stride", args.stride, "needs --sample-frames"
+    )
+    sample_frames = given or 0
+    check(given is None or sample_frames >= 1, "--sample-frames", given, "must be >= 1")
+    stride = sample_frames if args.stride is None else args.stride
     check(args.stride is None or stride >= 1, "--stride", args.stride, "must be >= 1")
     check(args.label_tolerance >= 0, "--label-tolerance", args.label_tolerance, "must be >= 0")
     lists = (args.test, args.test_list, args.train_list)
@@ -233,7 +242,7 @@ def parse_options(args: argparse.Namespace) -> Options:
         standard_split=args.standard_split,
         unlabelled=args.unlabelled,
         tolerance=args.label_tolerance,
-        window=window,
+        sample_frames=sample_frames,
         stride=stride,
         workers=args.workers,
         seed=args.seed,

@@ -38,7 +38,7 @@ class Job:
     folder_fps: Fraction
     size: int
     quality: int
-    window: int
+    sample_frames: int
     stride: int
     tar: Path
 
@@ -77,13 +77,13 @@ def _decode(job: Job) -> tuple[list[bytes], list[int], int, Fraction]:
     return [j for _, j in shown], [k for k, _ in shown], frames.source_frames, frames.rate
 
 
-def window_starts(n: int, window: int, stride: int) -> list[int]:
-    """Every stride frames, plus one window flush with the end so that the tail is covered."""
-    if window == 0 or n <= window:
+def sample_starts(n: int, length: int, stride: int) -> list[int]:
+    """Every stride frames, plus one sample flush with the end so that the tail is covered."""
+    if length == 0 or n <= length:
         return [0]
-    starts = list(range(0, n - window + 1, stride))
-    if starts[-1] + window < n:
-        starts.append(n - window)
+    starts = list(range(0, n - length + 1, stride))
+    if starts[-1] + length < n:
+        starts.append(n - length)
     return starts
 
 
@@ -96,11 +96,11 @@ def encode(job: Job) -> Encoded:
     jpegs, picks, n, rate = _decode(job)
     names, note = phase_names(job.labels, n, rate, job.source.path, job.tolerance)
     labels = [UNLABELLED if (name := names[k]) is None else job.class_ids[name] for k in picks]
-    starts = window_starts(len(jpegs), job.window, job.stride)
-    length = job.window or len(jpegs)
+    starts = sample_starts(len(jpegs), job.sample_frames, job.stride)
+    length = job.sample_frames or len(jpegs)
     with tarfile.open(job.tar, "w", format=tarfile.USTAR_FORMAT) as tar:
         for start in starts:
-            key = f"{job.source.stem}_w{start:06d}" if job.window else job.source.stem
+            key = f"{job.source.stem}_w{start:06d}" if job.sample_frames else job.source.stem
             for t, data in enumerate(jpegs[start : start + length]):
                 add_member(tar, f"{key}.{frame_member(t)}", data)
             doc = {"labels": labels[start : start + length]}

@@ -1,7 +1,7 @@
 """The run of ``distseq shard``: inputs and labels, split by video, encoded in worker processes
 and packed into crash-safe shards with their index.json.
 
-Each input becomes one sample, or with ``--window T`` one sample per window of T frames every
+Each input becomes one sample, or with ``--sample-frames T`` one sample of T frames every
 ``--stride`` frames. Output frame j shows source frame ``floor(j * source_fps / fps)`` (frame
 index based: constant frame rate is assumed), resized so its short side is ``--size`` and centre
 cropped to a square, then JPEG encoded. Its label is that source frame's label.
@@ -55,7 +55,7 @@ class Options:
     max_shard_bytes: float
     val_fraction: float
     val: list[str] | None  # explicit val stems; None: draw val_fraction of the videos
-    window: int  # 0: one sample per video
+    sample_frames: int  # 0: one sample per video
     stride: int
     workers: int  # 0: encode in this process
     seed: int
@@ -73,7 +73,7 @@ class Options:
             "folder_fps": str(self.folder_fps),
             "size": self.size,
             "quality": self.quality,
-            "window": self.window,
+            "window": self.sample_frames,  # its name before --sample-frames: old --out read alike
             "stride": self.stride,
             "classes": classes,
             "unlabelled": sorted(self.unlabelled),
@@ -168,7 +168,7 @@ def shard_inputs(opts: Options) -> Summary:
                 folder_fps=opts.folder_fps,
                 size=opts.size,
                 quality=opts.quality,
-                window=opts.window,
+                sample_frames=opts.sample_frames,
                 stride=opts.stride,
                 tar=work / f"{s.stem}.tar",
             )

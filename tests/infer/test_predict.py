@@ -41,7 +41,7 @@ HEADS = {
     "lstm": {},
     "bidirectional": {"bidirectional": True},
     "mstcn": {"kind": "mstcn", "stages": 2, "layers": 3},
-    "transformer": {"kind": "transformer", "window": 3, "layers": 2, "attention_heads": 2},
+    "transformer": {"kind": "transformer", "span": 3, "layers": 2, "attention_heads": 2},
 }
 
 

@@ -12,7 +12,7 @@ import torch
 from torchcodec.encoders import PngEncoder
 
 from distseq.data.sources import Source
-from distseq.shard.encode import Job, encode, window_starts
+from distseq.shard.encode import Job, encode, sample_starts
 from distseq.shard.labels import read_labels
 
 
@@ -26,7 +26,7 @@ from distseq.shard.labels import read_labels
     ],
 )
 def test_windows_cover_the_whole_video(n: int, window: int, stride: int, starts: list[int]) -> None:
-    assert window_starts(n, window, stride) == starts
+    assert sample_starts(n, window, stride) == starts
 
 
 def test_a_frame_folder_becomes_labelled_samples(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_a_frame_folder_becomes_labelled_samples(tmp_path: Path) -> None:
         folder_fps=Fraction(2),  # every other image: 0, 2, 4
         size=8,
         quality=90,
-        window=2,
+        sample_frames=2,
         stride=2,
         tar=tmp_path / "clip.tar",
     )

@@ -248,7 +248,7 @@ def test_frame_folder_windows_per_frame_tsv(tmp_path: Path) -> None:
     summary = shard(
         tmp_path / "frames",
         *("--labels", tmp_path / "labels", "--out", out, "--size", SIZE, "--workers", 0),
-        *("--folder-fps", 2, "--fps", 1, "--window", 2, "--stride", 2, "--classes", "B,A"),
+        *("--folder-fps", 2, "--fps", 1, "--sample-frames", 2, "--stride", 2, "--classes", "B,A"),
         *("--max-shard-bytes", 1),  # every sample in a shard of its own
     )
     # frames 0, 2, 4, 6, 8 -> windows at 0, 2 and one flush with the end at 3
@@ -363,7 +363,7 @@ def test_bad_inputs_name_the_file(case: str, tmp_path: Path) -> None:
     "argv,option",
     [
         (["--stride", "2"], "--stride"),
-        (["--window", "0"], "--window"),
+        (["--sample-frames", "0"], "--sample-frames"),
         (["--size", "8"], "--size"),
         (["--val-fraction", "1"], "--val-fraction"),
         (["--val", "nope"], "--val nope"),

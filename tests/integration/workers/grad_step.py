@@ -41,7 +41,7 @@ HEADS: dict[str, tuple[dict[str, Any], Loss]] = {
         Loss(LossConfig(smoothing=0.15), [1.0, 2.0, 0.5]),
     ),
     "transformer": (
-        {"kind": "transformer", "layers": 2, "window": 3, "attention_heads": 2},
+        {"kind": "transformer", "layers": 2, "span": 3, "attention_heads": 2},
         Loss(LossConfig(), [1.0, 2.0, 0.5]),
     ),
 }

@@ -1,0 +1,29 @@
+"""What the commands' parsers share: an option's old spelling, read as the new one."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def renamed(p: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Read ``old``, an option a command had, as ``new`` (added to ``p`` before this), with a
+    one-line notice on stderr: old spellings keep working for one release, as renamed config
+    keys do. Hidden from the help, so each option name keeps one meaning across distseq."""
+    target = next(a for a in p._actions if new in a.option_strings)
+
+    class Renamed(argparse.Action):
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: str | Sequence[Any] | None,
+            option_string: str | None = None,
+        ) -> None:
+            print(f"{parser.prog}: {old} is now {new}", file=sys.stderr, flush=True)
+            target(parser, namespace, values, new)
+
+    p.add_argument(old, action=Renamed, nargs=target.nargs, help=argparse.SUPPRESS)
+    p._option_string_actions[old].type = target.type  # converted as the new option's values
