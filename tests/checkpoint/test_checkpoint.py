@@ -1,4 +1,5 @@
-"""Checkpoints in one process: crash windows of a save, and files of another format refused."""
+"""Checkpoints in one process: crash windows of a save, what is kept, what names a checkpoint,
+and files of another format refused."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ from distseq.checkpoint.sharded import (
     latest_checkpoint,
     read_meta,
     read_rank_state,
+    resolve_checkpoint,
     restore_rng,
     restore_training,
     save_checkpoint,
 )
 from distseq.cli import main
 from distseq.config import Config, OptimConfig
-from distseq.errors import TrainingError
+from distseq.errors import ConfigError, TrainingError
 from distseq.train.optim import build_optimizer
 
 
@@ -119,3 +121,29 @@ def test_an_exported_file_of_another_format_is_one_line(blob: object, tmp_path: 
     torch.save(blob, path)
     with pytest.raises(TrainingError, match=rf"exported model {path} has format \w+, this distseq"):
         load_exported(path)
+
+
+def test_only_the_last_keep_last_checkpoints_stay(tmp_path: Path) -> None:
+    state, root = _state(), tmp_path / "checkpoints"
+    for step in range(1, 6):
+        save_checkpoint(root, state, Position(step=step), {}, keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000004", "step_00000005"]
+
+
+def test_a_run_its_checkpoints_latest_or_a_step_name_one_checkpoint(tmp_path: Path) -> None:
+    state, run = _state(), tmp_path / "run"
+    for step in (1, 2):
+        save_checkpoint(run / "checkpoints", state, Position(step=step), {}, keep_last=3)
+    last = run / "checkpoints" / "step_00000002"
+    for given in (run, run / "checkpoints", run / "checkpoints" / "latest", last):
+        assert resolve_checkpoint(given) == last, given
+    first = run / "checkpoints" / "step_00000001"
+    assert resolve_checkpoint(first) == first
+    with pytest.raises(ConfigError, match=r"nowhere: no such file or folder; give an exported"):
+        resolve_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrainingError, match=r"^no checkpoint at .*empty: expected a run dir"):
+        resolve_checkpoint(tmp_path / "empty")
+    (run / "checkpoints" / "latest").write_text("step_00000009\n")
+    with pytest.raises(TrainingError, match=r"latest names 'step_00000009', not a checkpoint"):
+        latest_checkpoint(run / "checkpoints")
