@@ -36,21 +36,50 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "(MS-TCN's layout) -> feature shards.",
     )
     p.add_argument("inputs", nargs="*", type=Path, help="video files, frame folders, or folders")
+    p.add_argument("--out", required=True, type=Path, help="output folder")
     p.add_argument(
+        "--workers", type=int, default=min(8, os.cpu_count() or 1), help="0: no subprocesses"
+    )
+    _labels(p.add_argument_group("labels"))
+    _frames(p.add_argument_group("frames and samples"))
+    _splits(p.add_argument_group("splits"))
+    renamed(p, "--window", "--sample-frames")
+    _released(
+        p.add_argument_group(
+            "released features",
+            "MS-TCN's release of 50Salads, Breakfast or GTEA (ROOT/features/*.npy, "
+            "groundTruth/, mapping.txt, splits/) -> feature shards for data.features=true; no "
+            "videos are read",
+        )
+    )
+    # What --released leaves no meaning to: given with it, each is refused by name.
+    frame_options = {dest: p.get_default(dest) for dest in _FRAME_OPTIONS}
+    p.set_defaults(run=run, frame_defaults=frame_options)
+
+
+def _labels(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
         "--labels",
         default=None,
         type=Path,
         help="folder of <stem>.txt|.csv|.tsv: rows 'frame<TAB>phase', one label per line (MS-TCN's "
         "groundTruth/), or 'start_s,end_s,phase'",
     )
-    p.add_argument(
+    vocabulary = g.add_mutually_exclusive_group()
+    vocabulary.add_argument(
+        "--classes", default=None, help="comma-separated phase names, in id order"
+    )
+    vocabulary.add_argument(
+        "--mapping", type=Path, default=None, help="MS-TCN's mapping.txt: '<id> <name>' lines"
+    )
+    g.add_argument(
         "--unlabelled",
         action="append",
         default=[],
         metavar="NAME",
         help="a label name of frames that carry no label (repeatable)",
     )
-    p.add_argument(
+    g.add_argument(
         "--label-tolerance",
         type=int,
         default=1,
@@ -58,76 +87,65 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="label files this many frames shorter or longer than their video are taken, the "
         "difference unlabelled or dropped (one line per video)",
     )
-    p.add_argument("--out", required=True, type=Path, help="output folder")
-    p.add_argument("--fps", type=Fraction, default=Fraction(1), help="output frame rate")
-    p.add_argument(
+
+
+def _frames(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--fps", type=Fraction, default=Fraction(1), help="output frame rate")
+    g.add_argument(
         "--folder-fps", type=Fraction, default=None, help="frame rate of frame folders (= --fps)"
     )
-    p.add_argument("--size", type=int, default=224, help="square output frames, pixels")
-    p.add_argument("--quality", type=int, default=JPEG_QUALITY, help="JPEG quality, 1..100")
-    p.add_argument("--max-shard-bytes", type=float, default=1e9, help="shard size limit")
-    split = p.add_mutually_exclusive_group()
-    split.add_argument("--val-fraction", type=float, default=0.2, help="share of videos for val")
-    split.add_argument("--val", default=None, help="comma-separated stems of the val videos")
-    split.add_argument("--val-list", type=Path, default=None, help="file of val videos (.bundle)")
-    split.add_argument(
+    g.add_argument("--size", type=int, default=224, help="square output frames, pixels")
+    g.add_argument("--quality", type=int, default=JPEG_QUALITY, help="JPEG quality, 1..100")
+    g.add_argument("--max-shard-bytes", type=float, default=1e9, help="shard size limit")
+    g.add_argument(
+        "--sample-frames", type=int, default=None, help="frames per sample (default: all)"
+    )
+    g.add_argument(
+        "--stride", type=int, default=None, help="frames between samples (= --sample-frames)"
+    )
+
+
+def _splits(g: argparse._ArgumentGroup) -> None:
+    val = g.add_mutually_exclusive_group()
+    val.add_argument("--val-fraction", type=float, default=0.2, help="share of videos for val")
+    val.add_argument("--val", default=None, help="comma-separated stems of the val videos")
+    val.add_argument("--val-list", type=Path, default=None, help="file of val videos (.bundle)")
+    val.add_argument(
         "--standard-split",
         default="",
         choices=sorted(STANDARD_SPLITS),
         help="a published train/val/test split by video number",
     )
-    test = p.add_mutually_exclusive_group()
+    test = g.add_mutually_exclusive_group()
     test.add_argument("--test", default=None, help="comma-separated stems of the test videos")
     test.add_argument("--test-list", type=Path, default=None, help="file of test videos (.bundle)")
-    p.add_argument(
+    g.add_argument(
         "--train-list",
         type=Path,
         default=None,
         help="file of train videos (.bundle); videos in no list are left out",
     )
-    p.add_argument(
-        "--sample-frames", type=int, default=None, help="frames per sample (default: all)"
-    )
-    p.add_argument(
-        "--stride", type=int, default=None, help="frames between samples (= --sample-frames)"
-    )
-    renamed(p, "--window", "--sample-frames")
-    vocabulary = p.add_mutually_exclusive_group()
-    vocabulary.add_argument(
-        "--classes", default=None, help="comma-separated phase names, in id order"
-    )
-    vocabulary.add_argument(
-        "--mapping", type=Path, default=None, help="MS-TCN's mapping.txt: '<id> <name>' lines"
-    )
-    p.add_argument(
-        "--workers", type=int, default=min(8, os.cpu_count() or 1), help="0: no subprocesses"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
-    released = p.add_argument_group(
-        "released features",
-        "MS-TCN's release of 50Salads, Breakfast or GTEA (ROOT/features/*.npy, groundTruth/, "
-        "mapping.txt, splits/) -> feature shards for data.features=true; no videos are read",
-    )
-    released.add_argument(
+    g.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
+
+
+def _released(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
         "--released", type=Path, default=None, metavar="ROOT", help="the release's folder"
     )
-    released.add_argument(
+    g.add_argument(
         "--fold",
         type=int,
         default=None,
         metavar="N",
         help="splits/train.splitN.bundle -> train shards, test.splitN.bundle -> test shards",
     )
-    released.add_argument(
+    g.add_argument(
         "--videos-per-shard",
         type=int,
         default=None,
         metavar="V",
         help=f"videos in a shard (default: {DEFAULT_VIDEOS_PER_SHARD})",
     )
-    # What --released leaves no meaning to: given with it, each is refused by name.
-    frame_options = {dest: p.get_default(dest) for dest in _FRAME_OPTIONS}
-    p.set_defaults(run=run, frame_defaults=frame_options)
 
 
 # The options of videos and frame folders, by dest; --released takes none of them.

@@ -25,12 +25,11 @@ from typing import Any
 from tqdm import tqdm
 
 from distseq.data.decode import UNLABELLED
-from distseq.data.manifest import SPLITS
-from distseq.data.sources import find_sources
+from distseq.data.sources import Source, find_sources
 from distseq.errors import ConfigError, DataError
 from distseq.shard.cholec80 import default_class_order, standard_split
 from distseq.shard.encode import Job, encode_all, file_sha256, source_bytes
-from distseq.shard.labels import find_label_file, read_labels
+from distseq.shard.labels import Labels, find_label_file, read_labels
 from distseq.shard.pack import (
     Packer,
     check_unchanged,
@@ -134,79 +133,30 @@ def shard_inputs(opts: Options) -> Summary:
     sources = [s for s in sources if s.stem in split]
     label_files = {s.stem: find_label_file(opts.labels, s) for s in sources}
     labels = {stem: read_labels(path) for stem, path in label_files.items()}
-    unlabelled = set(opts.unlabelled)
-    if opts.classes is not None:
-        classes = opts.classes
-        for lab in labels.values():
-            unknown = sorted(lab.names() - set(classes) - unlabelled)
-            if unknown:
-                raise DataError(f"{lab.path}: label {unknown[0]!r} is not one of {classes}")
-    else:
-        classes = default_class_order(
-            set().union(*(lab.names() for lab in labels.values())) - unlabelled
-        )
-    class_ids = {name: i for i, name in enumerate(classes)} | dict.fromkeys(unlabelled, UNLABELLED)
-    out = opts.out
-
-    with claim(out, opts.settings(classes)):
-        records = read_commits(out)
+    classes = _vocabulary(labels, opts)
+    with claim(opts.out, opts.settings(classes)):
+        records = read_commits(opts.out)
         committed = {stem: rec for r in records for stem, rec in r["sources"].items()}
         for s in sources:
             if s.stem in committed:
                 check_unchanged(s, label_files[s.stem], committed[s.stem], split[s.stem])
         todo = [s for s in sources if s.stem not in committed]
-        log.info("%d of %d videos to encode into %s", len(todo), len(sources), out)
-        work = out / ".work"
-        work.mkdir()
-        jobs = [
-            Job(
-                source=s,
-                labels=labels[s.stem],
-                class_ids=class_ids,
-                tolerance=opts.tolerance,
-                fps=opts.fps,
-                folder_fps=opts.folder_fps,
-                size=opts.size,
-                quality=opts.quality,
-                sample_frames=opts.sample_frames,
-                stride=opts.stride,
-                tar=work / f"{s.stem}.tar",
-            )
-            for s in todo
-        ]
-        next_index = next_indices(records)
+        log.info("%d of %d videos to encode into %s", len(todo), len(sources), opts.out)
+        class_ids = {name: i for i, name in enumerate(classes)}
+        class_ids |= dict.fromkeys(opts.unlabelled, UNLABELLED)
+        jobs = [_job(s, labels[s.stem], class_ids, opts) for s in todo]
         packers = {
-            sp: Packer(out, sp, next_index[sp], opts.max_shard_bytes, len(classes)) for sp in SPLITS
+            sp: Packer(opts.out, sp, i, opts.max_shard_bytes, len(classes))
+            for sp, i in next_indices(records).items()
         }
-        results = encode_all(jobs, opts.workers)
+        work = opts.out / ".work"
+        work.mkdir()
         try:
-            with (
-                contextlib.closing(results),
-                tqdm(total=len(jobs), unit="video", disable=not jobs) as bar,
-            ):
-                for job, enc in zip(jobs, results, strict=True):
-                    s = job.source
-                    if enc.note:
-                        bar.write(enc.note)
-                    source = {
-                        "split": split[s.stem],
-                        "sha256": enc.sha256,
-                        "bytes": source_bytes(s),
-                        "frames": enc.frames,
-                        "fps": enc.fps,
-                        "samples": enc.samples,
-                        "labels": label_files[s.stem].name,
-                        "labels_sha256": file_sha256(label_files[s.stem]),
-                    }
-                    packers[split[s.stem]].add(enc.tar, s.stem, source)
-                    bar.update()
-            for packer in packers.values():
-                packer.close()
+            _encode_and_pack(jobs, packers, split, label_files, opts.workers)
         finally:
-            for packer in packers.values():
-                packer.discard()
             shutil.rmtree(work, ignore_errors=True)
-        write_index(out, classes, float(opts.fps), opts.size, opts.quality, read_commits(out))
+        index = (opts.out, classes, float(opts.fps), opts.size, opts.quality)
+        write_index(*index, read_commits(opts.out))
     return Summary(
         videos=len(sources),
         skipped=len(sources) - len(todo),
@@ -214,3 +164,72 @@ def shard_inputs(opts: Options) -> Summary:
         shards=sum(p.shards_written for p in packers.values()),
         frames=sum(p.frames_written for p in packers.values()),
     )
+
+
+def _vocabulary(labels: dict[str, Labels], opts: Options) -> list[str]:
+    """The class names in id order: --classes (every label must be one of them, or
+    --unlabelled), or the names found, in Cholec80's order where they are its phases."""
+    unlabelled = set(opts.unlabelled)
+    if opts.classes is None:
+        found = set().union(*(lab.names() for lab in labels.values()))
+        return default_class_order(found - unlabelled)
+    for lab in labels.values():
+        unknown = sorted(lab.names() - set(opts.classes) - unlabelled)
+        if unknown:
+            raise DataError(f"{lab.path}: label {unknown[0]!r} is not one of {opts.classes}")
+    return opts.classes
+
+
+def _job(source: Source, labels: Labels, class_ids: dict[str, int], opts: Options) -> Job:
+    """One video's encoding, into its own tar in --out's .work/."""
+    return Job(
+        source=source,
+        labels=labels,
+        class_ids=class_ids,
+        tolerance=opts.tolerance,
+        fps=opts.fps,
+        folder_fps=opts.folder_fps,
+        size=opts.size,
+        quality=opts.quality,
+        sample_frames=opts.sample_frames,
+        stride=opts.stride,
+        tar=opts.out / ".work" / f"{source.stem}.tar",
+    )
+
+
+def _encode_and_pack(
+    jobs: list[Job],
+    packers: dict[str, Packer],
+    split: dict[str, str],
+    label_files: dict[str, Path],
+    workers: int,
+) -> None:
+    """Encode ``jobs`` on ``workers`` processes and pack each video into its split's shards as
+    it comes, with a progress bar; whatever is not committed at the end is discarded."""
+    results = encode_all(jobs, workers)
+    try:
+        with (
+            contextlib.closing(results),
+            tqdm(total=len(jobs), unit="video", disable=not jobs) as bar,
+        ):
+            for job, enc in zip(jobs, results, strict=True):
+                s = job.source
+                if enc.note:
+                    bar.write(enc.note)
+                source = {
+                    "split": split[s.stem],
+                    "sha256": enc.sha256,
+                    "bytes": source_bytes(s),
+                    "frames": enc.frames,
+                    "fps": enc.fps,
+                    "samples": enc.samples,
+                    "labels": label_files[s.stem].name,
+                    "labels_sha256": file_sha256(label_files[s.stem]),
+                }
+                packers[split[s.stem]].add(enc.tar, s.stem, source)
+                bar.update()
+        for packer in packers.values():
+            packer.close()
+    finally:
+        for packer in packers.values():
+            packer.discard()
