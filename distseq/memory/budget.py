@@ -131,19 +131,7 @@ def plan_for_budget(
     path = Path(cfg.train.out_dir) / PLAN_FILE
     now: dict[str, Any] = dict(budget_bytes=budget, device=device_kind(device), shape=_shape(cfg))
     recorded = Recorded.read(path) if is_main else None
-    start, k = _FRESH, first_chunk(cfg.memory.chunk_frames, window)
-    if recorded is not None:
-        then = dict(
-            budget_bytes=recorded.budget_bytes, device=recorded.device, shape=recorded.shape
-        )
-        if then == now and recorded.probe.fixed_bytes == fixed:
-            start, k = _RECORDED, recorded.probe.chunk_frames
-        else:
-            start, k = _HOLDS_ANEW, recorded.probe.chunk_frames
-            say(
-                f"memory plan: {path} was planned for {_changes(then, now, recorded, fixed)}; "
-                f"planning the holds anew at the run's chunk={k}"
-            )
+    start, k = _start(recorded, now, fixed, first_chunk(cfg.memory.chunk_frames, window), say, path)
     start, k = (int(x) for x in agree(torch.tensor([start, k], device=device)).tolist())
     shape = RunShape(
         data.batch_size,
@@ -176,6 +164,30 @@ def plan_for_budget(
             Recorded(plan.probe, plan.stages, **now).write(path)
     plan.apply(chunked)
     return plan
+
+
+def _start(
+    recorded: Recorded | None,
+    now: dict[str, Any],
+    fixed: int,
+    first: int,
+    say: Callable[[str], None],
+    path: Path,
+) -> tuple[int, int]:
+    """How this start plans, and at which chunk size: afresh from ``first``, as ``recorded``
+    (the same budget, device, shape and resident bytes), or the holds anew at the recorded
+    chunk size, which under BatchNorm is part of the model."""
+    if recorded is None:
+        return _FRESH, first
+    then = dict(budget_bytes=recorded.budget_bytes, device=recorded.device, shape=recorded.shape)
+    k = recorded.probe.chunk_frames
+    if then == now and recorded.probe.fixed_bytes == fixed:
+        return _RECORDED, k
+    say(
+        f"memory plan: {path} was planned for {_changes(then, now, recorded, fixed)}; "
+        f"planning the holds anew at the run's chunk={k}"
+    )
+    return _HOLDS_ANEW, k
 
 
 def _probed_plan(
