@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from distseq.data.cholec80 import CHOLEC80_PHASES
 from distseq.evaluate.judging import Judging
 from distseq.evaluate.scored_files import score_files
 from distseq.score.metrics import METRICS, PROTOCOLS
-from distseq.shard.cholec80 import CHOLEC80_PHASES
 
 # Mean phase durations in Cholec80 (seconds), as reported with the dataset (Twinanda et al.
 # 2016, table 1), rounded.

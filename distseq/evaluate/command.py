@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from distseq.checkpoint.export import load_model
+from distseq.data.label_text import read_mapping
 from distseq.errors import ConfigError
 from distseq.evaluate.folds import folds_table, over_folds
 from distseq.evaluate.judging import Judging, evaluate, table, write_report
@@ -17,7 +18,6 @@ from distseq.evaluate.scored_files import score_files
 from distseq.files import output_folder, write_atomic
 from distseq.parallel import DistInfo, close_distributed, init_distributed
 from distseq.score.metrics import PROTOCOLS
-from distseq.shard.label_text import read_mapping
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 

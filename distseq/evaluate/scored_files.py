@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from distseq.data.cholec80 import default_class_order
+from distseq.data.label_text import csv_classes, frame_labels, labelled_frames
 from distseq.errors import ConfigError, DataError
 from distseq.evaluate.judging import Judging, scoring_of
 from distseq.score.metrics import count_video, summarize
-from distseq.shard.cholec80 import default_class_order
-from distseq.shard.label_text import csv_classes, frame_labels, labelled_frames
 
 # How a video's file may be named: <video>-phase.txt (Cholec80), <video>.txt|.csv|.tsv, or
 # <video> alone (MS-TCN's predictions); longest first.

@@ -12,13 +12,13 @@ import os
 from fractions import Fraction
 from pathlib import Path
 
+from distseq.data.cholec80 import STANDARD_SPLITS
+from distseq.data.label_text import read_mapping, read_video_list
 from distseq.data.manifest import JPEG_QUALITY, SPLITS, Manifest
 from distseq.data.sources import safe_stem
 from distseq.errors import ConfigError
 from distseq.files import output_folder
 from distseq.options import renamed
-from distseq.shard.cholec80 import STANDARD_SPLITS
-from distseq.shard.label_text import read_mapping, read_video_list
 from distseq.shard.released import DEFAULT_VIDEOS_PER_SHARD, import_release
 from distseq.shard.write import Options, shard_inputs
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from distseq.data.label_text import fields, frame_labels, is_number, numbered_lines
 from distseq.data.sources import Source
 from distseq.errors import DataError
-from distseq.shard.label_text import fields, frame_labels, is_number, numbered_lines
 
 # "-phase.txt" is how Cholec80 names its phase annotations.
 LABEL_SUFFIXES = (".txt", ".csv", ".tsv", "-phase.txt")

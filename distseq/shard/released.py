@@ -38,6 +38,7 @@ from torch import nn
 from tqdm import tqdm
 
 from distseq.data.decode import npy_error
+from distseq.data.label_text import read_mapping, read_text, read_video_list
 from distseq.data.manifest import (
     FEATURES_MEMBER,
     LABELS_MEMBER,
@@ -50,7 +51,6 @@ from distseq.data.sources import safe_stem
 from distseq.data.tar import add_member
 from distseq.errors import ConfigError, DataError, ModelError, first_line
 from distseq.files import write_atomic
-from distseq.shard.label_text import read_mapping, read_text, read_video_list
 
 PLAN = ".released.json"  # in --out: the shards and the videos each holds
 SPLIT_OF_BUNDLE = {"train": "train", "test": "test"}  # bundle -> the split its shards get

@@ -24,10 +24,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from distseq.data.cholec80 import default_class_order, standard_split
 from distseq.data.decode import UNLABELLED
 from distseq.data.sources import Source, find_sources
 from distseq.errors import ConfigError, DataError
-from distseq.shard.cholec80 import default_class_order, standard_split
 from distseq.shard.encode import Job, encode_all, file_sha256, source_bytes
 from distseq.shard.labels import Labels, find_label_file, read_labels
 from distseq.shard.pack import (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from distseq.cli import main
-from distseq.shard.cholec80 import CHOLEC80_PHASES
+from distseq.data.cholec80 import CHOLEC80_PHASES
 
 P, C = "Preparation", "CalotTriangleDissection"
 

@@ -11,8 +11,8 @@ import pytest
 from test_shard import SIZE, frame_folder, read_back, shard
 
 from distseq.data.batch import IGNORE_INDEX
+from distseq.data.cholec80 import standard_split
 from distseq.errors import ConfigError, DataError
-from distseq.shard.cholec80 import standard_split
 
 
 def mstcn(root: Path) -> Path:
