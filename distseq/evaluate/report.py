@@ -65,8 +65,9 @@ def make_report(run: Path, out: Path, split: str = "") -> list[Path]:
             curves(out / f"{name}.png", series, ylabel)
             made.append((title, out / f"{name}.png"))
 
-    curve("loss", "Training loss", "loss per real frame", "loss")
-    curve("validation", "Validation", "score", *(f"val_{m}" for m in VALIDATION))
+    curve("loss", "Loss", "loss per real frame", "loss", "val_loss")
+    scores = [f"val_{m}" for m in VALIDATION if m != "loss"]  # on the loss's scale, above
+    curve("validation", "Validation", "score", *scores)
     curve("speed", "Training speed", "frames/s", "frames_per_s")
     curve("data_wait", "Share of step time waiting for data", "fraction", "data_wait_fraction")
     curve("memory", "Peak device memory", "bytes", "peak_memory_bytes")

@@ -115,6 +115,9 @@ class VideoCounts:
     strict_tp: list[int]  # per phase: predicted p and true p
     edit: float = 0.0  # the segments' edit score (segments.py), in [0, 1]
     segments: tuple[tuple[int, int, int], ...] = ()  # (TP, FP, FN) at each of OVERLAPS
+    # Over the frames, -log of the probability given to the truth: the cross-entropy that the
+    # loss takes (unweighted, unsmoothed). 0 where no probabilities were given (prediction files).
+    nll: float = 0.0
 
 
 def count_video(

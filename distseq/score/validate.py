@@ -7,7 +7,9 @@ number of ranks and the padding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -47,8 +49,9 @@ def probabilities_by_video(
 
 
 # What a training run logs of each validation, as ``val_<name>``: per-frame accuracy over all
-# labelled frames (as the loss counts them), then the phase metrics' means over the videos.
-VALIDATION = ("accuracy", "video_accuracy", *METRICS[1:], *SEGMENT_METRICS)
+# labelled frames (as the loss counts them), then the phase metrics' means over the videos, and
+# the cross-entropy over all labelled frames (unweighted).
+VALIDATION = ("accuracy", "video_accuracy", *METRICS[1:], *SEGMENT_METRICS, "loss")
 
 
 def validation_scores(report: dict[str, Any]) -> dict[str, float]:
@@ -61,6 +64,7 @@ def validation_scores(report: dict[str, Any]) -> dict[str, float]:
     scores["val_edit"] = report["edit"]["mean"]
     for metric in SEGMENT_METRICS[1:]:
         scores[f"val_{metric}"] = report[metric]
+    scores["val_loss"] = report["loss"]
     return scores
 
 
@@ -98,6 +102,13 @@ def validate(
         if not labelled.any():
             continue
         pred = probs.argmax(-1)[labelled].tolist()
-        truth = labels[labelled].tolist()
-        counts.append(count_video(key, pred, truth, len(classes), scoring))
-    return summarize(gather(counts if counted else []), classes, scoring.protocol)
+        truth = labels[labelled]
+        given = probs[labelled].gather(1, truth[:, None])
+        nll = float(-given.clamp_min(torch.finfo(torch.float32).tiny).log().sum())
+        count = count_video(key, pred, truth.tolist(), len(classes), scoring)
+        counts.append(replace(count, nll=nll))
+    videos = gather(counts if counted else [])
+    report = summarize(videos, classes, scoring.protocol)
+    frames = sum(v.frames for v in videos)
+    report["loss"] = sum(v.nll for v in videos) / frames if frames else math.nan
+    return report
