@@ -40,7 +40,8 @@ def test_report_draws_every_picture_and_links_it(
         names
         == {"loss.png", "validation.png", "speed.png", "data_wait.png", "confusion.png"} | ribbons
     )
-    sizes = {"loss.png": (320, 700), "confusion.png": (320, 340)}
+    # loss.png: the training and the validation loss, the legend beside them.
+    sizes = {"loss.png": (320, 860), "confusion.png": (320, 340)}
     for picture in pictures:
         image = png(picture)
         name = picture.relative_to(out).as_posix()
