@@ -18,5 +18,5 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> None:
-    out = export(Path(args.checkpoint), Path(args.out))
-    print(f"wrote {out}")
+    loaded = export(Path(args.checkpoint), Path(args.out))
+    print(f"wrote {args.out}: {loaded.which}")

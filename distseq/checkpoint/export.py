@@ -21,6 +21,7 @@ import torch
 
 from distseq.checkpoint.sharded import (
     FORMAT,
+    latest_checkpoint,
     load_sharded,
     read_meta,
     resolve_checkpoint,
@@ -49,6 +50,9 @@ class Loaded:
     config: Config
     classes: list[str]
     step: int
+    # Which checkpoint of its run it is, for people: its step, whether it is the best
+    # validation's (train.select), and which is the last.
+    which: str = ""
 
     def over_frames(self) -> VideoModel:
         """The model, which must run over frames: one trained on features has no backbone."""
@@ -68,7 +72,21 @@ def load_checkpointed(source: Path) -> Loaded:
     cfg = from_dict(meta["config"], str(path))
     model = empty_model(cfg, meta["classes"])
     load_sharded({"model": model.state_dict()}, path)  # into the model's own tensors
-    return Loaded(model.eval(), cfg, meta["classes"], meta["position"]["step"])
+    which = _which(path, meta, cfg)
+    return Loaded(model.eval(), cfg, meta["classes"], meta["position"]["step"], which)
+
+
+def _which(path: Path, meta: dict[str, Any], cfg: Config) -> str:
+    """Which checkpoint of its run ``path`` is, for people: its step, whether it is the best
+    validation's (train.select), and which is the last."""
+    step, best = meta["position"]["step"], meta.get("best")
+    said = f"step {step}"
+    if best and best["step"] == step:
+        said += f", the best validation ({cfg.train.select}: {best['value']:.4f})"
+    latest = latest_checkpoint(path.parent)
+    if latest is None or latest == path:
+        return f"{said}, the run's last"
+    return f"{said}; the last is {latest.name} ({path.parent / 'latest'})"
 
 
 def load_model(source: Path) -> Loaded:
@@ -78,7 +96,9 @@ def load_model(source: Path) -> Loaded:
     return load_checkpointed(source)
 
 
-def export(source: Path, out: Path) -> Path:
+def export(source: Path, out: Path) -> Loaded:
+    """Write the model of the checkpoint ``source`` names (a run's: its best validation's, else
+    its last) to ``out``; returns it."""
     loaded = load_checkpointed(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     blob = {
@@ -89,7 +109,7 @@ def export(source: Path, out: Path) -> Path:
         "step": loaded.step,
     }
     torch.save(blob, out)
-    return out
+    return loaded
 
 
 def load_exported(path: Path) -> Loaded:
@@ -107,4 +127,5 @@ def load_exported(path: Path) -> Loaded:
     cfg = from_dict(blob["config"], str(path))
     model = empty_model(cfg, blob["classes"])
     model.load_state_dict(blob["model"], strict=True)
-    return Loaded(model.eval(), cfg, blob["classes"], int(blob["step"]))
+    step = int(blob["step"])
+    return Loaded(model.eval(), cfg, blob["classes"], step, f"exported at step {step}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import math
 import os
 import random
 import re
@@ -96,12 +97,23 @@ class TrainState:
 
 
 @dataclass(frozen=True)
+class Best:
+    """Model selection so far (train.select): the step and score of the best validation, and how
+    many validations have not beaten it since (train.patience counts them). Step -1: none yet."""
+
+    step: int = -1
+    value: float = math.nan
+    since: int = 0
+
+
+@dataclass(frozen=True)
 class Resumed:
     path: Path
     position: Position
     world: int  # ranks that saved it
     sequence: int  # the ranks of each of its sequence groups (parallel.sequence)
     metrics: dict[str, float]  # as at the saved step
+    best: Best  # as at the saved step
 
 
 def _first_line(error: BaseException) -> str:
@@ -167,8 +179,11 @@ def save_checkpoint(
     metrics: dict[str, float],
     keep_last: int,
     rank_state: RankState | None = None,
+    best: Best | None = None,
 ) -> Path:
     """Write this rank's part of the checkpoint at ``position``; every rank must call this.
+    ``best``: the run's selection so far; where it is this step, ``best`` names this checkpoint,
+    which is then kept beside the last ``keep_last``.
 
     A save that fails on any rank fails on all of them alike, with its partial ``step_N.tmp``
     removed: it would otherwise hold the space that the relaunch needs for the same save.
@@ -203,6 +218,7 @@ def save_checkpoint(
             "classes": state.classes,
             "config": to_dict(state.config),
             "metrics": metrics,
+            "best": None if best is None else vars(best),
         }
         error = _attempt(lambda: write_atomic(tmp / "meta.json", json.dumps(meta, indent=1)))
     if any_rank(error is not None):  # else every rank's shards and RNG file are complete
@@ -212,7 +228,9 @@ def save_checkpoint(
         raise _save_failed(root, tmp, error, _bytes(model_state, optim_state), keep_last)
     if rank == 0:
         _publish(root, tmp, final)
-        _prune(root, position.step, keep_last)
+        if best is not None and best.step == position.step:
+            write_atomic(root / "best", f"{final.name}\n")
+        _prune(root, position.step, keep_last, -1 if best is None else best.step)
     barrier()  # on return, ``latest`` names this checkpoint for every rank
     return final
 
@@ -287,11 +305,11 @@ def _publish(root: Path, tmp: Path, final: Path) -> None:
     write_atomic(root / "latest", f"{final.name}\n")
 
 
-def _prune(root: Path, step: int, keep_last: int) -> None:
+def _prune(root: Path, step: int, keep_last: int, best: int) -> None:
     steps = sorted(int(m[1]) for p in root.iterdir() if (m := _STEP_RE.fullmatch(p.name)))
     # Checkpoints after ``step`` belong to a run killed before it published them, which this
     # run has replaced.
-    keep = [s for s in steps if s <= step][-keep_last:]
+    keep = {*[s for s in steps if s <= step][-keep_last:], best}
     for s in steps:
         if s not in keep:
             shutil.rmtree(_step_dir(root, s))
@@ -299,7 +317,16 @@ def _prune(root: Path, step: int, keep_last: int) -> None:
 
 def latest_checkpoint(root: Path) -> Path | None:
     """The checkpoint ``root/latest`` names, or None when nothing was saved yet."""
-    pointer = root / "latest"
+    return _pointed(root / "latest")
+
+
+def best_checkpoint(root: Path) -> Path | None:
+    """The checkpoint of the run's best validation (train.select), or None before any."""
+    return _pointed(root / "best")
+
+
+def _pointed(pointer: Path) -> Path | None:
+    root = pointer.parent
     if not pointer.exists():
         return None
     try:
@@ -313,19 +340,20 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory from a run directory, its ``checkpoints/``, a ``latest`` pointer
-    or the checkpoint directory itself. A path that names nothing is the caller's mistake (exit
-    2, as a missing file is); one that names something else, no checkpoint there."""
+    """A checkpoint directory from a run directory or its ``checkpoints/`` (the best validation's
+    where the run selected one, else the latest), a ``latest`` or ``best`` pointer, or the
+    checkpoint directory itself. A path that names nothing is the caller's mistake (exit 2, as a
+    missing file is); one that names something else, no checkpoint there."""
     if not path.exists():
         raise ConfigError(
             f"{path}: no such file or folder; give an exported model (.pt), a run directory, "
             "its checkpoints/ or a step_N directory"
         )
-    if path.name == "latest" and path.is_file():
-        path = path.parent
+    if path.name in ("latest", "best") and path.is_file():
+        return _pointed(path) or path
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
-    found = latest_checkpoint(path)
+    found = best_checkpoint(path) or latest_checkpoint(path)
     if found is not None:
         return found
     if (path / "meta.json").is_file():
@@ -429,7 +457,8 @@ def restore_training(path: Path, state: TrainState) -> Resumed:
     position = Position(**meta["position"])
     say(f"distseq: resuming from {path} at step {position.step}", sys.stderr)
     sequence = meta.get("sequence", 1)  # saved before parallel.sequence: 1
-    return Resumed(path, position, meta["world"], sequence, meta["metrics"])
+    best = Best(**meta["best"]) if meta.get("best") else Best()  # saved before train.select: none
+    return Resumed(path, position, meta["world"], sequence, meta["metrics"], best)
 
 
 def read_rank_state(resumed: Resumed, sequence: int = 1) -> RankState:

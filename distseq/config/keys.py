@@ -253,7 +253,22 @@ DOCS: dict[str, str] = {
     "train.log_every": "steps between metrics records",
     "train.eval_every": "steps between validations; 0: only at the end",
     "train.save_every": "steps between checkpoints; 0: only at the end",
-    "train.keep_last": "checkpoints kept on disk",
+    "train.keep_last": (
+        "checkpoints kept on disk, the last ones; the best one (`train.select`) besides"
+    ),
+    "train.select": (
+        "model selection: `max val_<score>` or `min val_<score>` (any score validation logs: "
+        "`val_accuracy`, `val_jaccard`, `val_edit`, `val_f1@50`, `val_loss`, ...); the "
+        "checkpoint of the best validation (ties: the earliest) is kept, and `export`, "
+        "`predict`, `features`, `eval`, `report` and `train.init_from` take it from a run "
+        "directory, each saying its step (`checkpoints/latest` is the last step's). A warm start "
+        '(`train.init_from`) is validated at step 0 too. `""`: the last step\'s, as without '
+        "`data.val`"
+    ),
+    "train.patience": (
+        "stop early, with a checkpoint, once this many validations in a row have not beaten "
+        "the best; a relaunch of a run that stopped so ends at once; 0: never"
+    ),
     "train.stop_after": (
         "stop with a checkpoint after this step, schedule unchanged (as a preempted job would);"
         " 0: run to `train.steps`"

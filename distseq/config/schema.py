@@ -447,7 +447,13 @@ class TrainConfig:
     log_every: int = 10  # steps between metrics records
     eval_every: int = 0  # 0: evaluate only at the end
     save_every: int = 0  # checkpoint every N steps; 0: only at the end
-    keep_last: int = 3  # checkpoints kept on disk, newest first
+    keep_last: int = 3  # checkpoints kept on disk, newest first, and the best beside them
+    # Model selection: "max|min val_<score>", the validation that picks the checkpoint which
+    # export, predict, features, eval, report and init_from take; "": the last step's.
+    select: str = "max val_accuracy"
+    # Stop (with a checkpoint) once this many validations in a row have not beaten the best;
+    # 0: never.
+    patience: int = 0
     # Stop (with a checkpoint) after this step, as a preempted job would; the LR schedule still
     # runs to train.steps, so resuming continues the very same run. 0: run to train.steps.
     stop_after: int = 0
@@ -467,6 +473,27 @@ class TrainConfig:
         _check(self.keep_last >= 1, "train.keep_last", self.keep_last, "must be >= 1")
         _check(self.stop_after >= 0, "train.stop_after", self.stop_after, "must be >= 0")
         _check(self.max_requeues >= 0, "train.max_requeues", self.max_requeues, "must be >= 0")
+        _check(
+            not self.select or re.fullmatch(r"(max|min) val_\S+", self.select) is not None,
+            "train.select",
+            self.select,
+            "must be 'max val_<score>' or 'min val_<score>' (e.g. 'max val_jaccard', "
+            "'min val_loss'), or '' for the last step",
+        )
+        _check(self.patience >= 0, "train.patience", self.patience, "must be >= 0")
+        _check(
+            not self.patience or bool(self.select),
+            "train.patience",
+            self.patience,
+            "counts validations that do not beat train.select's best: set train.select",
+        )
+        _check(
+            not self.patience or bool(self.eval_every),
+            "train.patience",
+            self.patience,
+            "counts validations, and train.eval_every=0 validates only at the end: set "
+            "train.eval_every",
+        )
         for entry in self.init_from:
             source, _ = init_source(entry)
             _check(Path(source).exists(), "train.init_from", source, "does not exist")
@@ -543,6 +570,12 @@ class Config:
             self.data.ordered,
             f"carries a head's state across windows, and model.head.kind={self.model.head.kind} "
             "carries none: give it whole videos (data.window=0) or windows",
+        )
+        _check(
+            not self.train.patience or bool(self.data.val),
+            "train.patience",
+            self.train.patience,
+            "counts validations, and there is no data.val to validate on",
         )
         misplaced = self.model.head.misplaced()
         tbptt = self.memory.tbptt_frames

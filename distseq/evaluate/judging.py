@@ -110,6 +110,7 @@ def evaluate(
     data = replace(cfg, val=urls, manifest=str(manifest.path))
     batches = val_batches(data, manifest, info.rank, info.world)
     report = {**header, **validate(model, batches, info.device, loaded.classes, judge, keep)}
+    report["model"] = loaded.which
     if info.is_main:
         write_report(out, report)
     return report
@@ -149,7 +150,8 @@ def table(report: dict[str, Any]) -> str:
         return "   n/a" if math.isnan(x) else f"{100 * x:6.2f}"
 
     relaxed = report["relaxed_seconds"]
-    lines = [
+    lines = [f"model: {report['model']}"] if report.get("model") else []
+    lines += [
         f"{report['videos']} videos, fps {report['fps']}, relaxed boundary "
         + (f"{relaxed} s ({report['relaxed_frames']} frames)" if relaxed else "off")
         + f", {report['protocol']} protocol",

@@ -113,14 +113,14 @@ def make_report(run: Path, out: Path, split: str = "") -> list[Path]:
         made += ribbons
     else:
         notes.append("The run has no data.val: no ribbons, no confusion matrix.")
-    _write_html(out / "report.html", run, loaded.step, records, made, notes)
+    _write_html(out / "report.html", run, loaded.which, records, made, notes)
     return [path for _, path in made]
 
 
 def _write_html(
     page: Path,
     run: Path,
-    step: int,
+    which: str,
     records: list[dict[str, float]],
     images: list[tuple[str, Path]],
     notes: list[str],
@@ -133,7 +133,7 @@ def _write_html(
     )
     body = [
         f"<h1>distseq report: {html.escape(str(run))}</h1>",
-        f"<p>Checkpoint at step {step}.</p>",
+        f"<p>Checkpoint: {html.escape(which)}.</p>",
     ]
     if rows:
         body.append(f"<h2>Validation at step {int(last['step'])}</h2><table>{rows}</table>")  # type: ignore[index]

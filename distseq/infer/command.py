@@ -87,6 +87,8 @@ def run_predict(args: argparse.Namespace) -> None:
     output_folder(args.out)
     loaded, sampling, chunk = _model_and_frames(args)
     info = init_distributed()
+    if info.is_main:
+        print(f"model {args.model}: {loaded.which}")
     try:
         total = predict_videos(
             loaded, args.inputs, sampling, chunk, args.out, args.ribbon, info, args.manifest
@@ -109,6 +111,8 @@ def run_features(args: argparse.Namespace) -> None:
         raise ConfigError("distseq features: give the inputs after MODEL (or --backbone NAME)")
     loaded, sampling, chunk = _model_and_frames(args, named)
     info = init_distributed()
+    if info.is_main and loaded.which:
+        print(f"model {args.model}: {loaded.which}")
     try:
         done = write_features(
             loaded, args.inputs, sampling, chunk, args.out, info, args.format, args.manifest

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from distseq.checkpoint.out_dir import check_shared
 from distseq.checkpoint.sharded import (
+    Best,
     Position,
     RankState,
     Resumed,
@@ -67,6 +68,7 @@ from distseq.train.optim import (
     freeze_for_the_run,
     warmup_cosine,
 )
+from distseq.train.select import Selection
 from distseq.train.signals import Interrupted
 from distseq.train.step import check_every_parameter_has_grad, clip_grad_norm, train_step
 from distseq.train.warm_start import warm_start
@@ -94,6 +96,8 @@ class Run:
     loss: Loss
     freezing: Freezing  # optim.groups frozen for the first steps
     part: Part | None  # under a sequence split: the frames of each batch this rank holds
+    selection: Selection | None  # train.select, where there is data.val to select on
+    best: Best  # the selection so far
 
     @property
     def checkpoints(self) -> Path:
@@ -116,6 +120,10 @@ def train(cfg: Config, stop: Callable[[], bool] | None = None) -> dict[str, floa
 def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict[str, float]:
     run = _set_up(cfg, info)
     if run.position.step >= run.last_step:  # nothing left to train: a finished run relaunched
+        return run.metrics
+    if run.selection is not None and run.selection.spent(run.best):  # it stopped early
+        say(f"train.patience: the run stopped early at step {run.position.step}; best: "
+            f"{run.selection.said(run.best)}")  # fmt: skip
         return run.metrics
     stream = _batches(run)
     # The first poll: from here on a stop waits for the next step boundary, where all ranks save
@@ -155,17 +163,31 @@ def _steps(run: Run, stream: Iterator[Batch], stop: Callable[[], bool] | None) -
         MetricsLog(Path(cfg.train.out_dir), info.is_main, run.position.step) as log,
         _bar(run) as bar,
     ):
+        warm = run.position.step == 0 and cfg.train.init_from and run.selection is not None
+        # A warm start may be better than anything trained from it: step 0 is a candidate.
+        if warm and _validate(run, 0, log):
+            _save(run)
         for step in range(run.first_step, run.last_step + 1):
             _step(run, stream, step, log, bar)
             every = cfg.train.eval_every
+            best = False  # this step's validation is the best so far
             if cfg.data.val and (step == cfg.train.steps or (every and step % every == 0)):
-                _validate(run, step, log)
+                best = _validate(run, step, log)
+            early = run.selection is not None and run.selection.spent(run.best)
             # One tiny all-reduce per step: a signal reaches the ranks at different moments, and
             # a save that only some ranks join would hang the others.
             stopping = stop is not None and any_rank(stop())
             every = cfg.train.save_every
-            if step == run.last_step or stopping or (every and step % every == 0):
+            if step == run.last_step or stopping or best or early or (every and step % every == 0):
                 _save(run)
+            if early:
+                assert run.selection is not None
+                say(
+                    f"train.patience={cfg.train.patience}: no better validation in "
+                    f"{cfg.train.patience} since step {run.best.step}; stopping early at step "
+                    f"{step} (best: {run.selection.said(run.best)})"
+                )
+                return run.metrics
             if stopping and step < run.last_step:
                 raise Interrupted(step)
     return run.metrics
@@ -249,6 +271,8 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         loss=loss,
         freezing=Freezing(model, cfg.optim.groups),
         part=part,
+        selection=_selection(cfg),
+        best=Best() if resumed is None else resumed.best,
     )
 
 
@@ -272,6 +296,17 @@ def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
             "name the backbone that made the feature shards"
         )
     return model
+
+
+def _selection(cfg: Config) -> Selection | None:
+    """train.select, or None (and a line saying so) where no validation can select."""
+    train = cfg.train
+    if not train.select:
+        return None
+    if not cfg.data.val:
+        say(f"train.select={train.select!r}: no data.val to validate on; the last step is kept")
+        return None
+    return Selection.of(train.select, train.patience)
 
 
 def _longest_window(cfg: Config, info: DistInfo) -> int:
@@ -398,9 +433,9 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
         )
 
 
-def _validate(run: Run, step: int, log: MetricsLog) -> None:
+def _validate(run: Run, step: int, log: MetricsLog) -> bool:
     """The model on the whole validation videos, all ranks sharing them; its scores join the
-    step's metrics."""
+    step's metrics. Whether it is the best validation so far (train.select)."""
     info, sequence = run.info, run.cfg.parallel.sequence
     val = val_batches(run.cfg.data, run.manifest, *info.data_rank(sequence), run.part)
     # A sequence group's ranks score the same videos: the first of each counts them.
@@ -412,8 +447,12 @@ def _validate(run: Run, step: int, log: MetricsLog) -> None:
     say(
         f"step {step}: val per-frame accuracy {scores['val_accuracy']:.3f}, "
         f"video accuracy {scores['val_video_accuracy']:.3f}, "
-        f"jaccard {scores['val_jaccard']:.3f}"
+        f"jaccard {scores['val_jaccard']:.3f}, loss {scores['val_loss']:.4f}"
     )
+    if run.selection is None:
+        return False
+    run.best = run.selection.after(run.best, step, scores)
+    return run.best.step == step
 
 
 def _save(run: Run) -> None:
@@ -421,6 +460,8 @@ def _save(run: Run) -> None:
     held = (run.carries or {}).items()
     rank_state = RankState(run.skipped, {w: c.state for w, c in held if c.state is not None})
     cfg = run.cfg
+    best = None if run.selection is None else run.best
     save_checkpoint(
-        run.checkpoints, run.state, run.position, run.metrics, cfg.train.keep_last, rank_state
-    )
+        run.checkpoints, run.state, run.position, run.metrics, cfg.train.keep_last, rank_state,
+        best,
+    )  # fmt: skip

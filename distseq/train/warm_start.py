@@ -40,7 +40,8 @@ def warm_start(model: nn.Module, sources: list[str], say: Callable[[str], None])
     ours = model.state_dict()
     for entry in sources:
         source, prefixes = init_source(entry)
-        theirs = load_model(Path(source)).model.state_dict()
+        loaded = load_model(Path(source))
+        theirs = loaded.model.state_dict()
         if prefixes:
             theirs = {k: v for k, v in theirs.items() if _under(k, prefixes)}
             if not theirs:
@@ -64,7 +65,8 @@ def warm_start(model: nn.Module, sources: list[str], say: Callable[[str], None])
         left = set(ours) - set(taken)
         unused = set(theirs) - set(ours)
         say(
-            f"train.init_from {entry}: loaded {len(taken)} tensors: {_groups(set(taken))}; "
+            f"train.init_from {entry} ({loaded.which}): loaded {len(taken)} tensors: "
+            f"{_groups(set(taken))}; "
             f"not in it: {_groups(left)}"
             + (f"; not in this model: {_groups(unused)}" if unused else "")
         )

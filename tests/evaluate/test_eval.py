@@ -66,10 +66,14 @@ def test_eval_gives_what_training_validated(run: Path, capsys: pytest.CaptureFix
 def test_an_exported_model_and_a_relaxed_window(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    exported = export(run, tmp_path / "model.pt")
+    exported = tmp_path / "model.pt"
+    export(run, exported)
     strict = evaluate(capsys, str(exported), "--out", str(tmp_path / "e"))
-    # The exported file holds the checkpoint's weights: the same report to the last digit.
-    assert strict == evaluate(capsys, str(run), "--out", str(tmp_path / "r"))
+    # The exported file holds the checkpoint's weights: the same report to the last digit, but
+    # for which model it names.
+    direct = evaluate(capsys, str(run), "--out", str(tmp_path / "r"))
+    assert strict.pop("model") == "exported at step 3" and direct.pop("model").startswith("step 3")
+    assert strict == direct
     relaxed = evaluate(
         capsys, str(exported), "--fps", "2", "--relaxed-seconds", "1", "--out", str(tmp_path / "x")
     )
@@ -122,7 +126,10 @@ def test_features_of_a_run_through_the_command(
 ) -> None:
     argv = ["features", str(run), f"{shards}/val-000000.tar", "--out", str(tmp_path / "npy")]
     assert main([*argv, "--format", "npy"]) == 0
-    said = capsys.readouterr().out
+    model, said = capsys.readouterr().out.splitlines()
+    # The run's checkpoint it took: the best validation's, here the last step's too.
+    assert model.startswith(f"model {run}: step 3, the best validation (max val_accuracy: ")
+    assert model.endswith("), the run's last")
     assert said.startswith("wrote 3 videos (") and "0 videos already there" in said
     names = sorted(p.name for p in (tmp_path / "npy").iterdir())
     assert names == [f"val-{i:06d}.npy" for i in range(3)]

@@ -94,9 +94,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Loaded]:
 
 def test_a_video_gets_the_pixels_its_shards_have(trained: tuple[Path, Loaded]) -> None:
     _, loaded = trained
-    how = frame_sampling(loaded)  # read from the training shards' index.json
-    assert (float(how.fps or 0), how.size, how.quality) == (5.0, 40, 80)
-    ((name, frames),) = videos([str(CLIP)], loaded, how)
+    sampling = frame_sampling(loaded)  # read from the training shards' index.json
+    assert (float(sampling.fps or 0), sampling.size, sampling.quality) == (5.0, 40, 80)
+    ((name, frames),) = videos([str(CLIP)], loaded, sampling)
     made = torch.stack(list(frames))
     (sample,) = read_shard(loaded.config.data.train)
     video = check_sample(sample, 2, 1)
@@ -112,7 +112,8 @@ def test_the_command_writes_csvs_and_ribbons(
     shards = loaded.config.data.train
     out = tmp_path / "preds"
     assert main(["predict", str(path), str(CLIP), shards, "--out", str(out), "--ribbon"]) == 0
-    assert capsys.readouterr().out == f"predicted 2 videos into {out}\n"
+    said = capsys.readouterr().out
+    assert said == f"model {path}: exported at step 0\npredicted 2 videos into {out}\n"
     for name in ("carphone_pristine", "clip"):  # the video, and the shards' sample
         rows = list(csv.DictReader((out / f"{name}.csv").open()))
         assert len(rows) == 21 and rows[4]["time_s"] == "0.800"
@@ -190,8 +191,8 @@ def test_a_manifest_named_and_missing_is_refused_not_skipped(shards: Path, tmp_p
     # none are predicted on unchecked); a --manifest that names no file is a mistake to say, not
     # a check to skip.
     loaded = untrained(shards, ["phase0", "phase1", "phase2"])
-    how = frame_sampling(loaded)
+    sampling = frame_sampling(loaded)
     inputs = [f"{shards}/val-000000.tar"]
-    assert next(videos(inputs, loaded, how))[0]
+    assert next(videos(inputs, loaded, sampling))[0]
     with pytest.raises(DataError, match=r"manifest not found: .*typo\.json \(set --manifest\)"):
-        next(videos(inputs, loaded, how, str(tmp_path / "typo.json")))
+        next(videos(inputs, loaded, sampling, str(tmp_path / "typo.json")))

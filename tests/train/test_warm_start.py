@@ -22,7 +22,8 @@ def earlier(tmp_path_factory: pytest.TempPathFactory, shards: Path) -> Path:
     """A 2-step run and its exported model.pt."""
     root = tmp_path_factory.mktemp("earlier")
     train(load_config(tiny_config(root, shards), ["train.steps=2"]))
-    return export(root / "run", root / "model.pt")
+    export(root / "run", root / "model.pt")
+    return root / "model.pt"
 
 
 @pytest.mark.slow
