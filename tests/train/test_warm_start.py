@@ -38,7 +38,8 @@ def test_every_tensor_of_the_source_is_loaded(earlier: Path, shards: Path, tmp_p
         got = model.state_dict()
         assert got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in want)
-    assert said[0].startswith(f"train.init_from {earlier}: loaded {len(want)} tensors: backbone.")
+    head = f"train.init_from {earlier} (exported at step 2): loaded {len(want)} tensors: backbone."
+    assert said[0].startswith(head)
     assert said[0].endswith("; not in it: nothing")
 
 
@@ -64,7 +65,7 @@ def test_a_new_run_starts_from_it_and_a_resume_does_not(
 ) -> None:
     config = tiny_config(tmp_path, shards)
     train(load_config(config, ["train.steps=1", f"train.init_from=[{earlier}]"]))
-    assert f"train.init_from {earlier}: loaded" in capsys.readouterr().out
+    assert f"train.init_from {earlier} (exported at step 2): loaded" in capsys.readouterr().out
     train(load_config(config, ["train.steps=2", f"train.init_from=[{earlier}]"]))
     out = capsys.readouterr().out
     assert "train.init_from not loaded: resuming from" in out and "loaded 1" not in out
