@@ -102,7 +102,7 @@ def test_stopped_run_resumes_bit_identical(reference: Path, tmp_path: Path) -> N
     assert "resuming from" in resumed.stderr and "at step 3" in resumed.stderr
     assert_same_run(tmp_path, reference)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["latest", "step_00000003", "step_00000004"]
+    assert names == ["best", "latest", "step_00000003", "step_00000004"]  # best: step 4's
 
 
 def test_batchnorm_statistics_are_one_across_ranks_and_resume_exactly(

@@ -35,7 +35,7 @@ def one_step(
     model.keep_frames = keep
     if stages:  # layer2 on held in every chunk: only the stem and layer1 recomputed
         model.hold_stages(stage_starts(model, model.backbone, 32, torch.device("cpu")))
-        model.plan = lambda frames: [Hold(2)] * (frames // chunk)
+        model.plan = lambda frames, whole: [Hold(2)] * (frames // chunk)
     if per_stage:  # the wrapping docs/design.md warns about: units inside the chunk loop
         for stage in ("layer1", "layer2", "layer3", "layer4"):
             fully_shard(model.backbone.get_submodule(stage))

@@ -71,7 +71,7 @@ def steps(mode: str, accum: int, holding: str, head: str, info: DistInfo) -> Non
         chunked.keep_frames = 6
     elif holding == "stages":
         chunked.hold_stages(stage_starts(chunked, chunked.backbone, 32, torch.device("cpu")))
-        chunked.plan = lambda frames: [Hold(1), Hold(2), Hold(3)]
+        chunked.plan = lambda frames, whole: [Hold(1), Hold(2), Hold(3)]
     model = parallelize(chunked, cfg.mode, cfg.precision, info)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     glob = global_batch()
