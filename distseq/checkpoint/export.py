@@ -66,23 +66,30 @@ class Loaded:
 
 def load_checkpointed(source: Path) -> Loaded:
     """The model of a sharded checkpoint, from a run directory, its checkpoints/, a latest file
-    or a step_N directory, in one process (DCP reads every rank's shards)."""
+    or a step_N directory, in one process (DCP reads every rank's shards): its weight average
+    where it holds one (train.ema), else its trained weights."""
     path = resolve_checkpoint(source)
     meta = read_meta(path)
     cfg = from_dict(meta["config"], str(path))
     model = empty_model(cfg, meta["classes"])
-    load_sharded({"model": model.state_dict()}, path)  # into the model's own tensors
+    state = model.state_dict()  # the model's own tensors, loaded into in place
+    load_sharded({"model": state}, path)
+    if meta.get("ema"):
+        params = {name for name, _ in model.named_parameters()}
+        load_sharded({"ema": {k: v for k, v in state.items() if k in params}}, path)
     which = _which(path, meta, cfg)
     return Loaded(model.eval(), cfg, meta["classes"], meta["position"]["step"], which)
 
 
 def _which(path: Path, meta: dict[str, Any], cfg: Config) -> str:
     """Which checkpoint of its run ``path`` is, for people: its step, whether it is the best
-    validation's (train.select), and which is the last."""
+    validation's (train.select) and its weight average (train.ema), and which is the last."""
     step, best = meta["position"]["step"], meta.get("best")
     said = f"step {step}"
     if best and best["step"] == step:
         said += f", the best validation ({cfg.train.select}: {best['value']:.4f})"
+    if meta.get("ema"):
+        said += f", its weight average (train.ema={cfg.train.ema})"
     latest = latest_checkpoint(path.parent)
     if latest is None or latest == path:
         return f"{said}, the run's last"

@@ -94,6 +94,8 @@ class TrainState:
     schedule: LRScheduler
     config: Config
     classes: list[str]
+    # train.ema: the average of each parameter, by its name in the checkpoint (saved as "ema").
+    average: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class Resumed:
     sequence: int  # the ranks of each of its sequence groups (parallel.sequence)
     metrics: dict[str, float]  # as at the saved step
     best: Best  # as at the saved step
+    averaged: bool  # it holds a weight average (train.ema), restored into TrainState.average
 
 
 def _first_line(error: BaseException) -> str:
@@ -205,9 +208,10 @@ def save_checkpoint(
     error = _attempt(lambda: write_atomic(tmp / f"rank{rank}.pt", buffer.getvalue()))
     if not any_rank(error is not None):
         with _single_process_is_fine():
-            error = _attempt(
-                lambda: dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
-            )
+            saved = {"model": model_state, "optim": optim_state}
+            if state.average is not None:
+                saved["ema"] = state.average
+            error = _attempt(lambda: dcp.save(saved, checkpoint_id=tmp))
     if error is None and rank == 0:
         meta = {
             "format": FORMAT,
@@ -219,6 +223,7 @@ def save_checkpoint(
             "config": to_dict(state.config),
             "metrics": metrics,
             "best": None if best is None else vars(best),
+            "ema": state.average is not None,
         }
         error = _attempt(lambda: write_atomic(tmp / "meta.json", json.dumps(meta, indent=1)))
     if any_rank(error is not None):  # else every rank's shards and RNG file are complete
@@ -439,7 +444,8 @@ def _check_compatible(path: Path, meta: dict[str, Any], state: TrainState) -> No
 
 
 def restore_training(path: Path, state: TrainState) -> Resumed:
-    """Restore model, optimizer and schedule in place; every rank must call this.
+    """Restore model, optimizer, schedule and the weight average (where both the checkpoint and
+    ``state`` have one) in place; every rank must call this.
 
     RNG states are restored separately, by :func:`restore_rng`, once everything that draws
     random numbers while setting up the run has done so.
@@ -448,7 +454,11 @@ def restore_training(path: Path, state: TrainState) -> Resumed:
     _check_compatible(path, meta, state)
     model_state, optim_state = get_state_dict(state.model, state.optimizer)
     partial = _without_unsaved_state(optim_state, path)
-    load_sharded({"model": model_state, "optim": optim_state}, path)
+    loaded: dict[str, Any] = {"model": model_state, "optim": optim_state}
+    averaged = bool(meta.get("ema")) and state.average is not None
+    if averaged:
+        loaded["ema"] = state.average
+    load_sharded(loaded, path)
     set_model_state_dict(state.model, model_state)
     # Not strict only where the checkpoint holds no state for some parameters, on purpose.
     options = StateDictOptions(strict=not partial)
@@ -458,7 +468,7 @@ def restore_training(path: Path, state: TrainState) -> Resumed:
     say(f"distseq: resuming from {path} at step {position.step}", sys.stderr)
     sequence = meta.get("sequence", 1)  # saved before parallel.sequence: 1
     best = Best(**meta["best"]) if meta.get("best") else Best()  # saved before train.select: none
-    return Resumed(path, position, meta["world"], sequence, meta["metrics"], best)
+    return Resumed(path, position, meta["world"], sequence, meta["metrics"], best, averaged)
 
 
 def read_rank_state(resumed: Resumed, sequence: int = 1) -> RankState:

@@ -265,6 +265,12 @@ DOCS: dict[str, str] = {
         '(`train.init_from`) is validated at step 0 too. `""`: the last step\'s, as without '
         "`data.val`"
     ),
+    "train.ema": (
+        "weight averaging: the decay d of an exponential moving average of the parameters "
+        "(after each step, average = d average + (1 - d) parameters; e.g. 0.999), sharded "
+        "like them under FSDP2 and saved in every checkpoint; validation, `train.select`, "
+        "`export`, `predict`, `eval` and `report` use it in place of the trained weights; 0: off"
+    ),
     "train.patience": (
         "stop early, with a checkpoint, once this many validations in a row have not beaten "
         "the best; a relaunch of a run that stopped so ends at once; 0: never"

@@ -454,6 +454,9 @@ class TrainConfig:
     # Stop (with a checkpoint) once this many validations in a row have not beaten the best;
     # 0: never.
     patience: int = 0
+    # Weight averaging: the decay of an exponential moving average of the parameters, which
+    # validation, selection and export then use in place of the trained weights; 0: off.
+    ema: float = 0.0
     # Stop (with a checkpoint) after this step, as a preempted job would; the LR schedule still
     # runs to train.steps, so resuming continues the very same run. 0: run to train.steps.
     stop_after: int = 0
@@ -481,6 +484,7 @@ class TrainConfig:
             "'min val_loss'), or '' for the last step",
         )
         _check(self.patience >= 0, "train.patience", self.patience, "must be >= 0")
+        _check(0 <= self.ema < 1, "train.ema", self.ema, "must be in [0, 1) (0: off; e.g. 0.999)")
         _check(
             not self.patience or bool(self.select),
             "train.patience",

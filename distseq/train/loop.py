@@ -8,6 +8,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,7 @@ from distseq.parallel import (
     unreachable,
 )
 from distseq.score.validate import validate, validation_scores
+from distseq.train.ema import WeightAverage
 from distseq.train.log import MetricsLog
 from distseq.train.loss import Loss, build_loss
 from distseq.train.optim import (
@@ -97,6 +99,7 @@ class Run:
     freezing: Freezing  # optim.groups frozen for the first steps
     part: Part | None  # under a sequence split: the frames of each batch this rank holds
     selection: Selection | None  # train.select, where there is data.val to select on
+    average: WeightAverage | None  # train.ema
     best: Best  # the selection so far
 
     @property
@@ -249,8 +252,16 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
             )  # fmt: skip
         part = info.data_part(sequence, chunked.chunk_frames)  # the plan's chunks
     optimizer, schedule = build_optimizer(model, cfg.optim, cfg.train.steps)
+    # The unwrapped model's names are the checkpoint's; under FSDP2 its parameters are shards.
+    average = (
+        WeightAverage(getattr(model, "module", model), cfg.train.ema) if cfg.train.ema else None
+    )
     state = TrainState(model, optimizer, schedule, cfg, manifest.classes)
+    state.average = None if average is None else average.average
     resumed = None if latest is None else restore_training(latest, state)
+    if average is not None and resumed is not None and not resumed.averaged:
+        average.restart()
+        say(f"train.ema: {latest} holds no weight average; it starts from its weights")
     position = Position(seed=cfg.train.seed) if resumed is None else resumed.position
     saved = RankState() if resumed is None else read_rank_state(resumed, cfg.parallel.sequence)
     return Run(
@@ -272,6 +283,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         freezing=Freezing(model, cfg.optim.groups),
         part=part,
         selection=_selection(cfg),
+        average=average,
         best=Best() if resumed is None else resumed.best,
     )
 
@@ -398,6 +410,8 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     run.freezing.after_backward(step)
     grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
     optimizer.step()
+    if run.average is not None:
+        run.average.update()
     optimizer.zero_grad(set_to_none=True)
     average_batchnorm_stats(model)
     # optim.lr's share: every group follows it, scaled (and a frozen one from its unfreezing).
@@ -440,7 +454,8 @@ def _validate(run: Run, step: int, log: MetricsLog) -> bool:
     val = val_batches(run.cfg.data, run.manifest, *info.data_rank(sequence), run.part)
     # A sequence group's ranks score the same videos: the first of each counts them.
     counted = info.rank % sequence == 0
-    report = validate(run.model, val, info.device, run.manifest.classes, counted=counted)
+    with nullcontext() if run.average is None else run.average.applied():  # what export takes
+        report = validate(run.model, val, info.device, run.manifest.classes, counted=counted)
     scores = validation_scores(report)
     run.metrics.update(scores)
     log.write({"step": step, **scores})

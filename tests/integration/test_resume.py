@@ -37,7 +37,9 @@ from distseq.model.video import build_model
 
 # Dropout draws from torch's RNG every step and a loader worker runs the stream, so an exact
 # resume needs the RNG states and the data position, not only the weights.
+# train.ema: the weight average (in every checkpoint) must resume bit-identical too.
 BASE = ["train.steps=4", "train.save_every=2", "model.head.dropout=0.3", "data.num_workers=1"]
+BASE += ["train.ema=0.9"]
 STEPS = 4
 TIMINGS = {"frames_per_s", "step_seconds", "data_wait_fraction"}  # differ between two runs
 
@@ -154,9 +156,10 @@ def test_torchrun_restart_resumes_from_the_last_checkpoint(reference: Path, tmp_
 
 
 def loaded_state(run_dir: Path, rank: int) -> dict[str, Any]:
-    """Model and optimizer as rank ``rank`` held them right after loading (``record_load``)."""
+    """Model, optimizer and weight average as rank ``rank`` held them right after loading
+    (``record_load``)."""
     state = torch.load(run_dir / f"loaded_{rank}.pt", weights_only=True)
-    return {"model": state["model"], "optim": state["optim"]}
+    return {key: state[key] for key in ("model", "optim", "ema")}
 
 
 def test_checkpoint_reshards_to_another_world_size(reference: Path, tmp_path: Path) -> None:
@@ -196,7 +199,8 @@ def test_export_predicts_as_the_trained_model(reference: Path, tmp_path: Path) -
     batch = random_batch(2, 8)
     with torch.no_grad():
         logits = plain.eval()(batch.frames, batch.mask)
-    # The trained 2-rank FSDP2 model's own output; other thread counts may round differently.
+    # The trained 2-rank FSDP2 model's own output with its weight average in place (train.ema:
+    # what export writes); other thread counts may round differently.
     expected = torch.load(reference / "logits.pt", weights_only=True)
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
 

@@ -1,8 +1,9 @@
 """One rank of ``distseq train`` with a fault injected by patching; distseq has no test hooks.
 
 argv: mode, config, overrides... Modes: ``plain``; ``record`` (keep the final model's logits on a
-fixed batch, to check the export against); ``record_load`` (keep the full state right after a
-checkpoint is loaded, to compare with the saved one); ``record_bn`` (keep each rank's BatchNorm
+fixed batch, with its weight average in place under train.ema, to check the export against);
+``record_load`` (keep the full state, the weight average's too, right after a checkpoint is
+loaded, to compare with the saved one); ``record_bn`` (keep each rank's BatchNorm
 statistics at every save); ``kill_in_save`` (rank 0 dies after writing
 its shards, before DCP's metadata); ``kill_rank1_once`` (rank 1 dies in its third step, once);
 ``term_rank1`` (rank 1 alone gets SIGTERM during step 3).
@@ -58,8 +59,14 @@ if mode == "record":
         path = save(root, state, position, *args)
         if position.step == cfg.train.steps:
             batch = random_batch(2, 8)
+            params = dict(getattr(state.model, "module", state.model).named_parameters())
             with torch.no_grad():
+                trained = {n: p.detach().clone() for n, p in params.items()}
+                for n, p in params.items():  # what export writes: the average, where there is one
+                    p.copy_((state.average or trained)[n])
                 logits = state.model.eval()(batch.frames, batch.mask)
+                for n, p in params.items():
+                    p.copy_(trained[n])
             state.model.train()
             if rank == 0:
                 torch.save(logits, root.parent / "logits.pt")
@@ -75,6 +82,11 @@ elif mode == "record_load":
         options = StateDictOptions(full_state_dict=True)
         model, optim = get_state_dict(state.model, state.optimizer, options=options)
         loaded = {"model": model, "optim": optim, "schedule": state.schedule.state_dict()}
+        if state.average is not None:
+            loaded["ema"] = {
+                n: t.full_tensor() if hasattr(t, "full_tensor") else t
+                for n, t in state.average.items()
+            }
         torch.save(loaded, Path(cfg.train.out_dir) / f"loaded_{rank}.pt")
         return resumed
 
