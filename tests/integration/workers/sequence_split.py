@@ -61,7 +61,7 @@ def loss_of(model: torch.nn.Module, frames, labels, mask) -> torch.Tensor:  # ty
 
 def main() -> None:
     info = distseq.init_distributed()
-    losses = {}
+    losses: dict[str, object] = {}
     for case in sys.argv[1:]:
         if case == "plan":
             losses[case] = run_plan(info)
@@ -110,7 +110,8 @@ def run_plan(info: distseq.DistInfo) -> dict[str, float | bool | str]:
     model = distseq.parallelize(chunked, "fsdp", "fp32", info, sequence=2)
     g = torch.Generator().manual_seed(2)
     frames = torch.randint(0, 256, (1, t, 3, 16, 16), generator=g, dtype=torch.uint8)
-    labels, mask = torch.randint(0, CLASSES, (1, t), generator=g), torch.ones(1, t, dtype=bool)
+    labels = torch.randint(0, CLASSES, (1, t), generator=g)
+    mask = torch.ones(1, t, dtype=torch.bool)
     roomy = distseq.plan_memory(chunked, 10**12, frames, CLASSES, wrapped=model, sequence=2)
     unsplit = Plan(roomy.probe, 0, roomy.stages)
     budget = int((roomy.floor_bytes(t) + unsplit.floor_bytes(t)) / 2)
