@@ -242,13 +242,13 @@ docker_run demo demo --out /mnt/out/demo --train-sequences 8 --val-sequences 4 t
 expect_out demo "recall a cue"
 # Two ranks of FSDP2 on the CPU (gloo) under torchrun, from the demo's shards, then an export.
 docker_run torchrun torchrun --standalone --nproc_per_node=2 -m distseq train \
-    /mnt/out/demo/exact/config.yaml train.out_dir=/mnt/out/fsdp parallel.mode=fsdp
+    /mnt/out/demo/end_to_end/config.yaml train.out_dir=/mnt/out/fsdp parallel.mode=fsdp
 expect_out torchrun "step 2: loss"
 docker_run export distseq export /mnt/out/fsdp --out /mnt/out/model.pt
 say "runs in the image: $((SECONDS - t0)) s"
 
 # --- What they left in the mounted folder, checked from outside -------------------------------
-for run in demo/per_frame demo/tbptt64 demo/exact fsdp; do
+for run in demo/per_frame demo/tbptt demo/end_to_end fsdp; do
     [[ $(cat "$out/$run/checkpoints/latest" 2>/dev/null) == step_00000002 ]] ||
         fail "$run: no checkpoint of step 2 (checkpoints/latest)"
     [[ -d $out/$run/checkpoints/step_00000002 ]] || fail "$run: checkpoints/step_00000002 missing"
