@@ -94,10 +94,11 @@ def _planned_step(got: dict[str, float | bool | str]) -> None:
     """A rank's step under a plan per slice (memory.budget with parallel.sequence) stays under
     a budget that one process's plan refuses, measured. The plan counts the step's T-long part
     (the gathered features, the head) at the whole T, though much of what grows with T is the
-    CNN's and grows with the slice: its prediction is above the step, by 12-13% here."""
+    CNN's and grows with the slice: its prediction is above the step, by 12-13% alone on this
+    machine and 23% in a CI run (the probe's measurements vary with the load), never below."""
     assert got["unsplit_refused"], got
     assert got["total"] <= got["budget"], got
-    assert got["total"] <= got["predicted"] <= 1.2 * got["total"], got
+    assert got["total"] <= got["predicted"] <= 1.4 * got["total"], got
 
 
 def losses(run: Path) -> dict[int, float]:
