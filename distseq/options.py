@@ -25,5 +25,6 @@ def renamed(p: argparse.ArgumentParser, old: str, new: str) -> None:
             print(f"{parser.prog}: {old} is now {new}", file=sys.stderr, flush=True)
             target(parser, namespace, values, new)
 
-    p.add_argument(old, action=Renamed, nargs=target.nargs, help=argparse.SUPPRESS)
-    p._option_string_actions[old].type = target.type  # converted as the new option's values
+    # Converted as the new option's values are.
+    converted: dict[str, Any] = {} if target.type is None else {"type": target.type}
+    p.add_argument(old, action=Renamed, nargs=target.nargs, help=argparse.SUPPRESS, **converted)
