@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -61,7 +62,7 @@ WORKERS = INTEGRATION / "workers"
 # The tests that use the bed of hosts or the SLURM cluster (whose hosts partition is the bed's
 # hosts 1 and 2): under xdist they run one after another on one worker, since a link cut or an
 # agent killed on the bed would fail a SLURM job running there at the time.
-SHARED_SERVICES = {"test_hosts.py", "test_slurm_cluster.py"}
+SHARED_SERVICES = {"test_hosts.py", "test_recipes.py", "test_slurm_cluster.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -353,3 +354,76 @@ def assert_identical(a: Any, b: Any, key: str = "") -> None:
         assert same, key
     else:
         assert a == b, key
+
+
+# --- the SLURM cluster (.ci/slurm.sh): test_slurm_cluster.py's and the recipes' on SLURM ---------
+
+
+def _cluster_problem() -> str | None:
+    """Why the SLURM cluster can't be used, or None if it can."""
+    if shutil.which("sbatch") is None:
+        return "sbatch not found on PATH"
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        return "SLURM_CONF is not set"
+    if not Path(conf).is_file():
+        return f"SLURM_CONF={conf} does not exist"
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-p", "debug", "-o", "%a %T"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"sinfo failed: {e}"
+    if out.returncode != 0:
+        return f"sinfo failed (is slurmctld running?): {out.stderr.strip()}"
+    if not out.stdout.strip():
+        return "no partition named 'debug'"
+    return None
+
+
+def _require_cluster() -> None:
+    problem = _cluster_problem()
+    if problem is None:
+        return
+    hint = "start one with `.ci/slurm.sh up && . /tmp/distseq-slurm/env`"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"SLURM cluster required under CI=true: {problem}; {hint}", pytrace=False)
+    pytest.skip(f"no SLURM cluster: {problem}; {hint}")
+
+
+@pytest.fixture
+def slurm(tmp_path: Path) -> Path:
+    _require_cluster()
+    return tmp_path / "submitit"
+
+
+@pytest.fixture
+def two_nodes(slurm: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The partition ``hosts``: nodes ds-h1 and ds-h2, each a host of the bed (.ci/hosts.sh)
+    with a slurmd of its own. Jobs talk to each other over the bed's eth0."""
+    # A node that stopped answering (state "down*": the bed's lost-link test cuts host 2's link)
+    # is back at slurmctld's next ping, within SlurmdTimeout (60 s, .ci/slurm.sh).
+    deadline = time.monotonic() + 90
+    while True:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", "hosts", "-o", "%N %T"],
+            capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+        nodes = dict(line.split() for line in out.stdout.splitlines())
+        answering = not any(state.endswith("*") for state in nodes.values())
+        if answering or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    if not all(nodes.get(n) in ("idle", "mixed") for n in ("ds-h1", "ds-h2")):
+        problem = f"partition 'hosts' has no idle ds-h1 and ds-h2 ({nodes or out.stderr.strip()})"
+        hint = "start it with `.ci/hosts.sh up 3 && DISTSEQ_SLURM_HOSTS=2 .ci/slurm.sh up`"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{problem} under CI=true; {hint}", pytrace=False)
+        pytest.skip(f"{problem}; {hint}")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    return slurm

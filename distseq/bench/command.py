@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
 from distseq.bench.compare import CompareBench, bench_compare
@@ -13,9 +14,11 @@ from distseq.bench.gpu import GpuBench, bench_gpu
 from distseq.bench.heads import HeadsBench, bench_heads
 from distseq.bench.memory import MemoryBench, bench_memory
 from distseq.bench.protocols import ProtocolsBench, bench_protocols
-from distseq.bench.recipes import RECIPES, STAGE3, RecipesBench, bench_recipes
+from distseq.bench.recipes.run import bench_recipes
+from distseq.bench.recipes.trainings import RECIPES, STAGE3, RecipesBench
 from distseq.bench.traffic import TrafficBench, bench_traffic
 from distseq.config import Recompute
+from distseq.launch.command import add_job_options, job_options
 from distseq.options import renamed
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -220,6 +223,23 @@ def _add_recipes(sub: Subparsers) -> None:
         metavar="KEY=VALUE",
         help=f"an override of stage 3, after its measured {' '.join(STAGE3)} (repeatable)",
     )
+    p.add_argument(
+        "--test",
+        default="",
+        metavar="SHARDS",
+        help="shards (a folder: its test split) to score each training's selected checkpoint on; "
+        "default: data.val's scores, which selected them",
+    )
     p.add_argument("--out", default="runs/bench-recipes", help="the runs, recipes.md, .json, .png")
     p.add_argument("--json", action="store_true", help="one JSON record per recipe and seed")
-    p.set_defaults(run=lambda args: bench_recipes(_options(RecipesBench, args)))
+    jobs = p.add_argument_group("SLURM", "--slurm: every training a job, stages as dependencies")
+    jobs.add_argument("--slurm", action="store_true", help="submit the trainings to SLURM")
+    jobs.add_argument("--gpus", type=int, default=0, choices=[0, 1], help="a GPU per training")
+    add_job_options(jobs, "each training")
+    p.set_defaults(run=_run_recipes)
+
+
+def _run_recipes(args: argparse.Namespace) -> None:
+    folder = str(Path(args.out).resolve() / "slurm" / "%j")
+    args.slurm = job_options(args, folder, gpus_per_node=args.gpus) if args.slurm else None
+    bench_recipes(_options(RecipesBench, args))

@@ -65,17 +65,22 @@ def sequences(
     split: str, count: int, length: int, size: int, seed: int
 ) -> Iterator[tuple[str, torch.Tensor, list[int]]]:
     for i in range(count):
-        rng = np.random.default_rng([seed, {"train": 0, "val": 1}[split], i])
+        rng = np.random.default_rng([seed, {"train": 0, "val": 1, "test": 2}[split], i])
         frames, labels, _, _ = make_sequence(rng, length, size)
         yield f"{split}-{i:06d}", frames, labels
 
 
 def write_task(
-    out_dir: Path, train: int, val: int, length: int, size: int, seed: int, per_shard: int
+    out_dir: Path,
+    train: int,
+    val: int,
+    length: int,
+    size: int,
+    seed: int,
+    per_shard: int,
+    test: int = 0,
 ) -> Manifest:
-    """``train`` and ``val`` sequences of ``length`` frames as shards in ``out_dir``."""
-    splits = {
-        "train": sequences("train", train, length, size, seed),
-        "val": sequences("val", val, length, size, seed),
-    }
+    """``train``, ``val`` and ``test`` sequences of ``length`` frames as shards in ``out_dir``."""
+    counts = {"train": train, "val": val, "test": test}
+    splits = {split: sequences(split, count, length, size, seed) for split, count in counts.items()}
     return write_shards(out_dir, splits, CLASSES, per_shard, fps=FPS)

@@ -20,34 +20,51 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--nodes", type=int, default=1, help="SLURM nodes")
     p.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU; 0: CPU job")
     p.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node of a CPU job")
-    p.add_argument("--cpus-per-task", type=int, default=1, help="CPUs per rank (loader workers)")
-    p.add_argument("--partition", default="", help="SLURM partition; default: the cluster's")
-    p.add_argument("--time", default="01:00:00", help="[D-]HH:MM[:SS]")
-    p.add_argument("--account", default="", help="SLURM account; default: yours")
+    add_job_options(p, "the job")
     p.add_argument("--folder", default="runs/slurm/%j", help="submitit logs; %%j is the job id")
-    p.add_argument(
-        "--signal-delay",
-        type=int,
-        default=120,
-        help="seconds before the time limit at which the job saves and requeues itself",
-    )
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
     p.add_argument("--wait", action="store_true", help="block until the job ends, print its result")
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> None:
-    opts = SlurmOptions(
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        tasks_per_node=args.tasks_per_node,
+def add_job_options(p: argparse.ArgumentParser | argparse._ArgumentGroup, job: str) -> None:
+    """The SLURM options of every job (``SlurmOptions``), for ``job``, as people say it."""
+    p.add_argument("--cpus-per-task", type=int, default=1, help="CPUs per rank (loader workers)")
+    p.add_argument("--partition", default="", help="SLURM partition; default: the cluster's")
+    p.add_argument("--time", default="01:00:00", help=f"time limit of {job}: [D-]HH:MM[:SS]")
+    p.add_argument("--account", default="", help="SLURM account; default: yours")
+    p.add_argument(
+        "--signal-delay",
+        type=int,
+        default=120,
+        help=f"seconds before the time limit at which {job} saves and requeues itself",
+    )
+
+
+def job_options(
+    args: argparse.Namespace,
+    folder: str,
+    nodes: int = 1,
+    gpus_per_node: int = 0,
+    tasks_per_node: int = 1,
+) -> SlurmOptions:
+    """The ``SlurmOptions`` of ``add_job_options``' options, the job's layout and its logs'
+    ``folder``."""
+    return SlurmOptions(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        tasks_per_node=tasks_per_node,
         cpus_per_task=args.cpus_per_task,
         partition=args.partition,
         time=args.time,
         account=args.account,
-        folder=args.folder,
+        folder=folder,
         signal_delay_s=args.signal_delay,
     )
+
+
+def run(args: argparse.Namespace) -> None:
+    opts = job_options(args, args.folder, args.nodes, args.gpus_per_node, args.tasks_per_node)
     # A bad config or split fails here, not in a queued job.
     line = sequence_line(load_config(args.config, args.overrides), *_layout(opts))
     if line:  # beside a dry run's script, which stays one to save and sbatch

@@ -31,7 +31,7 @@ import submitit
 import torch
 from submitit.slurm.slurm import _make_sbatch_string
 
-from distseq.config import Config, load_config
+from distseq.config import load_config
 from distseq.errors import ConfigError, TrainingError
 from distseq.train.loop import train
 from distseq.train.signals import Interrupted, StopSignals
@@ -77,9 +77,9 @@ class SlurmOptions:
         return {k: v for k, v in params.items() if v is not None}
 
 
-def _exit_stopped(stop: StopSignals, cfg: Config, step: int) -> NoReturn:
-    """Requeue the job if it was asked to. Exiting leaves no result file, which is how submitit
-    knows the job is not done."""
+def exit_stopped(stop: StopSignals, max_requeues: int, step: int) -> NoReturn:
+    """Requeue the job if it was asked to, at most ``max_requeues`` times (train.max_requeues).
+    Exiting leaves no result file, which is how submitit knows the job is not done."""
     job = os.environ["SLURM_JOB_ID"]
     first = os.environ.get("SLURM_PROCID", "0") == "0"
     names = "+".join(signal.Signals(s).name for s in sorted(stop.received))
@@ -88,11 +88,10 @@ def _exit_stopped(stop: StopSignals, cfg: Config, step: int) -> NoReturn:
             print(f"distseq: {names}: saved step {step}, exiting", file=sys.stderr, flush=True)
         raise SystemExit(143)
     requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    if requeues >= cfg.train.max_requeues:
+    if requeues >= max_requeues:
         raise TrainingError(
             f"job {job} stopped by {names} after saving step {step}, not requeued: it ran "
-            f"{requeues + 1} times (train.max_requeues={cfg.train.max_requeues}); submit it "
-            "again to go on"
+            f"{requeues + 1} times (train.max_requeues={max_requeues}); submit it again to go on"
         )
     if first:
         try:
@@ -102,7 +101,7 @@ def _exit_stopped(stop: StopSignals, cfg: Config, step: int) -> NoReturn:
             raise TrainingError(msg) from None
         print(
             f"distseq: {names}: saved step {step}, requeued job {job} "
-            f"({requeues + 1} of train.max_requeues={cfg.train.max_requeues})",
+            f"({requeues + 1} of train.max_requeues={max_requeues})",
             file=sys.stderr,
             flush=True,
         )
@@ -126,7 +125,7 @@ class TrainTask:
         try:
             return train(cfg, stop=stop)
         except Interrupted as e:
-            _exit_stopped(stop, cfg, e.step)
+            exit_stopped(stop, cfg.train.max_requeues, e.step)
 
 
 def submit(config: str, overrides: list[str], opts: SlurmOptions) -> submitit.Job[dict[str, float]]:

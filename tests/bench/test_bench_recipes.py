@@ -2,42 +2,65 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
-from distseq.bench.recipes import (
+from distseq.bench.recipes.report import advice, from_stage2, heading, summarize, table
+from distseq.bench.recipes.run import checked, held_out_shards
+from distseq.bench.recipes.trainings import (
     RECIPES,
     SCORES,
     STAGE3,
     RecipesBench,
     Result,
     SeedRuns,
-    advice,
-    check_recipes,
-    from_stage2,
     per_frame_overrides,
-    summarize,
 )
 from distseq.config import load_config
+from distseq.demo.task import write_task
 from distseq.errors import ConfigError
 
 
-def result(recipe: str, seed: int, accuracy: float, seconds: float) -> Result:
-    scores = dict.fromkeys(SCORES, 0.5) | {"val_accuracy": accuracy}
-    return Result(recipe, seed, 10, seconds, scores, [(10, accuracy)])
+def result(recipe: str, seed: int, accuracy: float, seconds: float, val: float = 0.9) -> Result:
+    """A recipe's result on one seed: ``accuracy`` on the test split, ``val`` on data.val."""
+    test = dict.fromkeys(SCORES, 0.5) | {"accuracy": accuracy}
+    val_scores = dict.fromkeys(SCORES, 0.5) | {"accuracy": val}
+    return Result(recipe, seed, 10, seconds, 10, val_scores, test, [(10, val)], {})
 
 
 def test_mean_and_sample_std_over_seeds() -> None:
-    rows = summarize([result("a", 0, 0.6, 10), result("a", 1, 0.8, 30), result("b", 0, 0.7, 5)])
+    rows = summarize(
+        [result("a", 0, 0.6, 10, 0.7), result("a", 1, 0.8, 30, 0.9), result("b", 0, 0.7, 5)]
+    )
     assert [r.recipe for r in rows] == ["a", "b"]
-    assert rows[0].mean["val_accuracy"] == pytest.approx(0.7)
+    # The test split's scores, where the bench has one: data.val's selected the checkpoints.
+    assert rows[0].mean["accuracy"] == pytest.approx(0.7)
+    assert rows[0].selection == pytest.approx(0.8)  # (0.7 + 0.9) / 2, on data.val
     # Sample std of 0.6 and 0.8: sqrt(((-0.1)^2 + 0.1^2) / 1) = 0.1414.
-    assert rows[0].std["val_accuracy"] == pytest.approx(0.02**0.5)
+    assert rows[0].std["accuracy"] == pytest.approx(0.02**0.5)
     assert rows[0].mean["seconds"] == 20 and rows[0].std["seconds"] == pytest.approx(200**0.5)
-    assert rows[1].std["val_accuracy"] == 0 and rows[1].seeds == 1
+    assert rows[1].std["accuracy"] == 0 and rows[1].seeds == 1
+    # Without a test split, data.val's scores are reported, and the table and heading say so.
+    on_val = summarize([replace(result("a", 0, 0.6, 10, 0.7), test={})])
+    assert on_val[0].mean["accuracy"] == pytest.approx(0.7)
+    assert (
+        table(on_val, "val")
+        .splitlines()[0]
+        .startswith(
+            "| recipe | seeds | steps | selected at | val acc (selection) | val frame acc | "
+        )
+    )
+    assert "scores on data.val, the split that selected them: optimistic" in heading(
+        "val", "max val_accuracy", ""
+    )
+    assert heading("test", "min val_loss", "t/test-000000.tar::t/test-000001.tar").endswith(
+        "by `train.select: min val_loss`; scores on the test split (--test: 2 shards in t), "
+        "which no choice saw."
+    )
 
 
 def test_the_advice_weighs_the_gap_against_its_standard_error() -> None:
@@ -46,8 +69,8 @@ def test_the_advice_weighs_the_gap_against_its_standard_error() -> None:
         + [result("tbptt", s, a, 40) for s, a in enumerate((0.70, 0.71, 0.72))]
     )
     # Gap 0.21; stds 0.02 and 0.01, so its standard error is sqrt(0.0004/3 + 0.0001/3) = 0.0129.
-    assert advice(wide) == (
-        "e2e wins: frame accuracy 0.920 against tbptt's 0.710 (+0.210), more than twice the "
+    assert advice(wide, "test") == (
+        "e2e wins: test frame accuracy 0.920 against tbptt's 0.710 (+0.210), more than twice the "
         "gap's standard error (0.013); ahead on 3 of 3 seeds"
     )
     close = summarize(
@@ -55,7 +78,7 @@ def test_the_advice_weighs_the_gap_against_its_standard_error() -> None:
         + [result("tbptt", s, a, 40) for s, a in enumerate((0.81, 0.805, 0.80))]
     )
     # Gap 0.045 against sqrt(0.05^2/3 + 0.005^2/3) = 0.0290: above it, within twice it, a tie.
-    line = advice(close)
+    line = advice(close, "test")
     assert line.startswith("e2e and tbptt tie") and "(0.029)" in line, line
     assert "e2e ahead on 2 of 3 seeds" in line  # 0.80 < 0.81, 0.85 > 0.805, 0.90 > 0.80
     assert line.endswith("tbptt is the cheaper (40 s)")
@@ -64,12 +87,12 @@ def test_the_advice_weighs_the_gap_against_its_standard_error() -> None:
         + [result("two", s, a, 200) for s, a in enumerate((0.999, 0.999, 0.9995))]
     )
     # Gap 0.0008 with a standard error of 0.0002: still a tie, under CLOSE (0.01).
-    assert advice(near) == (
-        "three and two tie: frame accuracy 1.000 against two's 0.999 (+0.001) is less than 0.01 "
-        "apart; two is the cheaper (200 s)"
+    assert advice(near, "val") == (
+        "three and two tie: val frame accuracy 1.000 against two's 0.999 (+0.001) is less than "
+        "0.01 apart; two is the cheaper (200 s)"
     )
     one = summarize([result("e2e", 0, 0.9, 1), result("tbptt", 0, 0.5, 1)])
-    assert "on one seed" in advice(one)
+    assert "on one seed" in advice(one, "test")
 
 
 def test_the_per_frame_cnn_resets_its_head_s_options() -> None:
@@ -84,38 +107,41 @@ def test_the_per_frame_cnn_resets_its_head_s_options() -> None:
 DEMO = str(REPO / "distseq" / "demo" / "demo.yaml")
 
 
-def options(tmp_path: Path, *overrides: str, recipes: tuple[str, ...] = RECIPES) -> RecipesBench:
+def options(
+    tmp_path: Path, *overrides: str, recipes: tuple[str, ...] = RECIPES, test: str = ""
+) -> RecipesBench:
     shards = [f"data.train={tmp_path}/t.tar", f"data.val={tmp_path}/v.tar"]
-    return RecipesBench(
-        DEMO, [*shards, *overrides], 2, [0], 64, 1, list(recipes), [], [], str(tmp_path), False
-    )
+    mine, out = [*shards, *overrides], str(tmp_path)
+    return RecipesBench(DEMO, mine, 2, [0], 64, 1, list(recipes), [], [], test, out, False)
 
 
 def test_recipes_that_cannot_apply_are_refused_or_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert check_recipes(
+    assert checked(
         options(tmp_path, "model.head.kind=mstcn", "model.head.chrono_frames=0")
-    ) == [r for r in RECIPES if r != "tbptt"]
+    ).recipes == [r for r in RECIPES if r != "tbptt"]
     assert "tbptt left out: model.head.kind=mstcn" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"data\.features=true: the recipes train the CNN"):
-        check_recipes(options(tmp_path, "data.features=true"))
+        checked(options(tmp_path, "data.features=true"))
     with pytest.raises(ConfigError, match=r"data\.val is empty"):
-        check_recipes(options(tmp_path, "data.val="))
+        checked(options(tmp_path, "data.val="))
+    with pytest.raises(ConfigError, match=r"train\.select is empty: the recipes are compared at"):
+        checked(options(tmp_path, "train.select="))
     with pytest.raises(ConfigError, match=r"--recipes exact: each must be one of"):
-        check_recipes(options(tmp_path, recipes=("exact",)))
+        checked(options(tmp_path, recipes=("exact",)))
     with pytest.raises(ConfigError, match=r"memory\.tbptt_frames=64 in the config"):
-        check_recipes(options(tmp_path, "memory.tbptt_frames=64"))
+        checked(options(tmp_path, "memory.tbptt_frames=64"))
     with pytest.raises(ConfigError, match=r"no recipe left"):
         gru = options(tmp_path, "model.head.bidirectional=true", recipes=("tbptt",))
-        check_recipes(gru)
+        checked(gru)
     assert "tbptt left out: a bidirectional RNN" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"--recipes: give each once"):
-        check_recipes(options(tmp_path, recipes=("tbptt", "tbptt")))
+        checked(options(tmp_path, recipes=("tbptt", "tbptt")))
     # A training's own config is checked before any trains, and says which it is.
     bad = replace(options(tmp_path), stage2=["data.window=-1"])
     with pytest.raises(ConfigError, match=r"^bench recipes, the head training: config key data"):
-        check_recipes(bad)
+        checked(bad)
 
 
 def test_the_head_on_features_takes_none_of_the_frames_keys(tmp_path: Path) -> None:
@@ -130,17 +156,37 @@ def test_the_head_on_features_takes_none_of_the_frames_keys(tmp_path: Path) -> N
 
 
 def test_stage_3_against_the_stage_2_it_started_from() -> None:
-    held = Result("three_stage", 0, 30, 1.0, {}, [(0, 0.8), (10, 0.7), (20, 0.9)])
-    lost = Result("three_stage", 1, 30, 1.0, {}, [(0, 0.8), (10, 0.85), (20, 0.75)])
-    assert from_stage2([held, lost, result("tbptt", 0, 0.5, 1)]) == (
-        "three_stage from stage 2's accuracy: seed 0 0.800 -> 0.900 (lowest 0.700); "
-        "seed 1 0.800 -> 0.750 (lowest 0.750): ENDED BELOW stage 2 on 1"
+    held = replace(result("three_stage", 0, 0.9, 1.0), selected=20, stage2={"accuracy": 0.8})
+    # Selected at step 0: stage 3 never beat its start on data.val, yet scores below it on test
+    # (a warm start's validation and its test need not agree).
+    lost = replace(result("three_stage", 1, 0.75, 1.0), selected=0, stage2={"accuracy": 0.8})
+    assert from_stage2([held, lost, result("tbptt", 0, 0.5, 1)], "test") == (
+        "three_stage against its stage 2, test frame accuracy of the selected checkpoints: "
+        "seed 0 0.800 -> 0.900 (step 20); seed 1 0.800 -> 0.750 (step 0): BELOW stage 2 on 1"
     )
-    assert from_stage2([held]).endswith("ended below stage 2 on no seed")
-    assert from_stage2([result("tbptt", 0, 0.5, 1)]) == ""
+    assert from_stage2([held], "test").endswith("below stage 2 on no seed")
+    assert from_stage2([result("tbptt", 0, 0.5, 1)], "test") == ""
 
 
 def test_the_stage_3_config_holds_the_bench_s_measured_groups() -> None:
     stage3 = load_config(REPO / "configs/stages/3-end-to-end.yaml", ["train.init_from=[]"])
     assert stage3.optim.groups == load_config(None, STAGE3).optim.groups
     assert stage3.optim.lr == load_config(REPO / "configs/cholec-resnet50-lstm.yaml").optim.lr
+
+
+def test_a_test_split_is_one_that_no_training_or_selection_saw(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_task(data, train=1, val=1, length=301, size=8, seed=0, per_shard=1, test=1)
+    cfg = load_config(DEMO, [f"data.train={data}/train-000000.tar", f"data.val={data}/val-*.tar"])
+    # A shard folder gives its test split, named as local files resolved.
+    assert held_out_shards(str(data), cfg) == str((data / "test-000000.tar").resolve())
+    with pytest.raises(ConfigError, match=r"^--test: \S+/val-000000\.tar is also in data\.val: "):
+        held_out_shards(f"{data}/{{test,val}}-000000.tar", cfg)
+    with pytest.raises(ConfigError, match=r"train-000000\.tar is also in data\.train"):
+        held_out_shards(f"{tmp_path}/../{tmp_path.name}/data/train-000000.tar", cfg)
+    other = tmp_path / "other"
+    write_task(other, train=0, val=0, length=301, size=8, seed=0, per_shard=1, test=1)
+    index = json.loads((other / "index.json").read_text())
+    (other / "index.json").write_text(json.dumps(index | {"classes": ["a", "b"]}))
+    with pytest.raises(ConfigError, match=r"^--test: its classes \['a', 'b'\] \(\S+\) are not "):
+        held_out_shards(str(other), cfg)
