@@ -234,7 +234,10 @@ class SeedRuns:
         return self.done[name]
 
     def finished(self, name: str) -> bool:
-        """Whether ``name``'s training is done and scored on this bench's --test."""
+        """Whether ``name``'s training is done and scored on this bench's --test (its config is
+        read only then: stage 3's names stages 1 and 2, which may not be there yet)."""
+        if not (self.root / name / "result.json").is_file():
+            return False
         made = self._read(name, self.made_with(name))
         return made is not None and made.tested_on == self.args.test
 
