@@ -326,7 +326,13 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def best_checkpoint(root: Path) -> Path | None:
-    """The checkpoint of the run's best validation (train.select), or None before any."""
+    """The checkpoint of the run's best validation (train.select), or None before any: the one
+    the latest checkpoint's own record of the selection names. The ``best`` pointer, written
+    after a checkpoint is published, lags by one best where a run dies between the two."""
+    latest = latest_checkpoint(root)
+    best = read_meta(latest).get("best") if latest is not None else None
+    if best and best["step"] >= 0 and (_step_dir(root, best["step"]) / "meta.json").is_file():
+        return _step_dir(root, best["step"])
     return _pointed(root / "best")
 
 

@@ -17,6 +17,7 @@ from distseq.checkpoint import sharded
 from distseq.checkpoint.export import load_exported
 from distseq.checkpoint.sharded import (
     FORMAT,
+    Best,
     Position,
     TrainState,
     latest_checkpoint,
@@ -147,3 +148,20 @@ def test_a_run_its_checkpoints_latest_or_a_step_name_one_checkpoint(tmp_path: Pa
     (run / "checkpoints" / "latest").write_text("step_00000009\n")
     with pytest.raises(TrainingError, match=r"latest names 'step_00000009', not a checkpoint"):
         latest_checkpoint(run / "checkpoints")
+
+
+def test_the_best_is_the_one_the_latest_checkpoint_records_though_its_pointer_lags(
+    tmp_path: Path,
+) -> None:
+    state, root = _state(), tmp_path / "checkpoints"
+    for step, value in ((1, 0.5), (2, 0.7)):
+        best = Best(step, value, 0)
+        save_checkpoint(root, state, Position(step=step), {}, keep_last=1, best=best)
+    save_checkpoint(root, state, Position(step=3), {}, keep_last=1, best=Best(2, 0.7, 1))
+    assert sorted(p.name for p in root.iterdir()) == [
+        "best", "latest", "step_00000002", "step_00000003"
+    ]  # fmt: skip
+    # Killed after publishing step 2 and before its pointer: `best` still names step 1, kept.
+    shutil.copytree(root / "step_00000002", root / "step_00000001")
+    (root / "best").write_text("step_00000001\n")
+    assert resolve_checkpoint(root) == root / "step_00000002"
