@@ -18,6 +18,7 @@ from distseq.bench.recipes.run import bench_recipes
 from distseq.bench.recipes.trainings import RECIPES, STAGE3, RecipesBench
 from distseq.bench.traffic import TrafficBench, bench_traffic
 from distseq.config import Recompute
+from distseq.errors import ConfigError
 from distseq.launch.command import add_job_options, job_options
 from distseq.options import renamed
 
@@ -234,12 +235,16 @@ def _add_recipes(sub: Subparsers) -> None:
     p.add_argument("--json", action="store_true", help="one JSON record per recipe and seed")
     jobs = p.add_argument_group("SLURM", "--slurm: every training a job, stages as dependencies")
     jobs.add_argument("--slurm", action="store_true", help="submit the trainings to SLURM")
-    jobs.add_argument("--gpus", type=int, default=0, choices=[0, 1], help="a GPU per training")
-    add_job_options(jobs, "each training")
-    p.set_defaults(run=_run_recipes)
+    gpus = jobs.add_argument("--gpus", type=int, default=0, choices=[0, 1], help="a GPU each")
+    given = [gpus, *add_job_options(jobs, "each training")]
+    p.set_defaults(run=lambda args: _run_recipes(args, given))
 
 
-def _run_recipes(args: argparse.Namespace) -> None:
+def _run_recipes(args: argparse.Namespace, jobs: list[argparse.Action]) -> None:
+    """The bench, its SLURM options refused without --slurm: they would be ignored."""
+    ignored = [a.option_strings[0] for a in jobs if getattr(args, a.dest) != a.default]
+    if ignored and not args.slurm:
+        raise ConfigError(f"{' '.join(ignored)}: SLURM options, for --slurm")
     folder = str(Path(args.out).resolve() / "slurm" / "%j")
     args.slurm = job_options(args, folder, gpus_per_node=args.gpus) if args.slurm else None
     bench_recipes(_options(RecipesBench, args))

@@ -27,18 +27,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(run=run)
 
 
-def add_job_options(p: argparse.ArgumentParser | argparse._ArgumentGroup, job: str) -> None:
+def add_job_options(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup, job: str
+) -> list[argparse.Action]:
     """The SLURM options of every job (``SlurmOptions``), for ``job``, as people say it."""
-    p.add_argument("--cpus-per-task", type=int, default=1, help="CPUs per rank (loader workers)")
-    p.add_argument("--partition", default="", help="SLURM partition; default: the cluster's")
-    p.add_argument("--time", default="01:00:00", help=f"time limit of {job}: [D-]HH:MM[:SS]")
-    p.add_argument("--account", default="", help="SLURM account; default: yours")
-    p.add_argument(
-        "--signal-delay",
-        type=int,
-        default=120,
-        help=f"seconds before the time limit at which {job} saves and requeues itself",
-    )
+    return [
+        p.add_argument(
+            "--cpus-per-task", type=int, default=1, help="CPUs per rank (loader workers)"
+        ),
+        p.add_argument("--partition", default="", help="SLURM partition; default: the cluster's"),
+        p.add_argument("--time", default="01:00:00", help=f"time limit of {job}: [D-]HH:MM[:SS]"),
+        p.add_argument("--account", default="", help="SLURM account; default: yours"),
+        p.add_argument(
+            "--signal-delay",
+            type=int,
+            default=120,
+            help=f"seconds before the time limit at which {job} saves and requeues itself",
+        ),
+    ]
 
 
 def job_options(

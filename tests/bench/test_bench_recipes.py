@@ -20,6 +20,7 @@ from distseq.bench.recipes.trainings import (
     SeedRuns,
     per_frame_overrides,
 )
+from distseq.cli import main
 from distseq.config import load_config
 from distseq.demo.task import write_task
 from distseq.errors import ConfigError
@@ -190,3 +191,13 @@ def test_a_test_split_is_one_that_no_training_or_selection_saw(tmp_path: Path) -
     (other / "index.json").write_text(json.dumps(index | {"classes": ["a", "b"]}))
     with pytest.raises(ConfigError, match=r"^--test: its classes \['a', 'b'\] \(\S+\) are not "):
         held_out_shards(str(other), cfg)
+
+
+def test_slurm_options_without_slurm_are_refused_not_ignored(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "recipes", "c.yaml", "--partition", "gpu", "--time", "02:00:00"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "distseq: error: --partition --time: SLURM options, for --slurm\n"
+    )
