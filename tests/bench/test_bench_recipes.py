@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -201,3 +202,23 @@ def test_slurm_options_without_slurm_are_refused_not_ignored(
         capsys.readouterr().err
         == "distseq: error: --partition --time: SLURM options, for --slurm\n"
     )
+
+
+def test_a_folder_made_with_other_options_or_by_another_distseq_is_refused(tmp_path: Path) -> None:
+    """A rerun with other options into the same --out would mix old trainings and new."""
+    runs = SeedRuns(options(tmp_path), 0)
+    frames = runs.root / "frames"
+    frames.mkdir(parents=True)
+    (frames / "config.yaml").write_text(runs.made_with("frames").replace("steps: 2", "steps: 3"))
+    refused = (
+        f"^bench recipes: {re.escape(str(frames))} was made with other options than these, or "
+        "by another distseq: give another --out, or delete that folder to make it again$"
+    )
+    with pytest.raises(ConfigError, match=refused):
+        runs._read("frames", runs.made_with("frames"))  # as get() reads it before training
+    (frames / "config.yaml").write_text(runs.made_with("frames"))
+    assert not runs.finished("frames")  # its config, no result.json: it resumes
+    record = {"name": "frames", "made_with": runs.made_with("frames"), "scores": {}}
+    (frames / "result.json").write_text(json.dumps(record))  # an older bench's
+    with pytest.raises(ConfigError, match=refused):
+        runs.finished("frames")
