@@ -19,6 +19,9 @@ from distseq.memory.probe import Probe, RunShape, probe, resident_bytes
 CPU = torch.device("cpu")
 T, SIZE = 48, 32
 SHAPE = RunShape(batch_size=1, size=SIZE, num_classes=3, window=T, device=CPU)
+# The probe's own checks run on distseq's small CNN (a probe of ResNet-18 over 48 frames took
+# ~10 s here); a real step under its plan runs on two torchvision CNNs.
+TINY = "tiny_cnn"
 
 
 @pytest.mark.slow
@@ -48,7 +51,7 @@ def test_a_plan_keeps_a_real_step_under_its_budget(backbone: str, share: float) 
 
 @pytest.mark.slow
 def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
-    model = tiny_model("torch", chunk=8, norm="batchnorm")
+    model = tiny_model("torch", chunk=8, norm="batchnorm", backbone=TINY)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     probe(model, model, SHAPE, 4)
@@ -61,7 +64,7 @@ def test_the_probe_leaves_the_model_and_the_rng_as_they_were() -> None:
 
 @pytest.mark.slow
 def test_a_budget_below_the_floor_says_what_would_fit() -> None:
-    model = tiny_model("torch", chunk=8)
+    model = tiny_model("torch", chunk=8, backbone=TINY)
     measured = probe(model, model, SHAPE, 4)
     floor = Plan(measured, 0).floor_bytes(T)
     plan = Plan(measured, int(floor) - 1)
@@ -82,7 +85,7 @@ def test_a_fraction_of_the_device_needs_a_gpu() -> None:
 
 @pytest.mark.slow
 def test_offloaded_frames_cost_the_device_nothing_per_frame() -> None:
-    model = tiny_model("torch", chunk=8)
+    model = tiny_model("torch", chunk=8, backbone=TINY)
     on_device = probe(model, model, SHAPE, 4)
     on_host = probe(model, model, replace(SHAPE, frames_on_host=True), 4)
     # On the CPU the step itself is the same; the plan stops counting the uint8 frames.
@@ -174,9 +177,9 @@ def test_a_floor_above_the_budget_is_tried_again_at_a_smaller_chunk(
     # The plan starts from chunks of 4, whose floor is above the budget; chunks of 2 recompute
     # half as much at a time and fit.
     monkeypatch.setattr(planning, "CHUNKS", (2, 4))
-    model = tiny_model("torch", chunk=8)
-    # Each chunk size probed once (a probe of ResNet-18 over 48 frames takes ~10 s here); the
-    # planner is handed these measurements, in the order it asks for them.
+    model = tiny_model("torch", chunk=8, backbone=TINY)
+    # Each chunk size probed once; the planner is handed these measurements, in the order it
+    # asks for them.
     probes = {k: probe(model, model, SHAPE, k) for k in (2, 4)}
     floors = {k: Plan(probes[k], 0).floor_bytes(T) for k in (2, 4)}
     assert floors[2] < floors[4]
