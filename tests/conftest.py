@@ -174,6 +174,11 @@ def untrained(shards: Path, classes: list[str]) -> Loaded:
     return Loaded(build_model(cfg.model, len(classes)).eval(), cfg, classes, 0)
 
 
+# distseq's own small CNN: two stages (as a ResNet has four), a probe or a step in a fraction of
+# ResNet-18's time. Tests of how the memory plan works take it; those of real CNNs name theirs.
+TINY = "tiny_cnn"
+
+
 def tiny_model(
     recompute: str = "torch",
     chunk: int = 4,

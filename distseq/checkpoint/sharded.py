@@ -327,13 +327,19 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def best_checkpoint(root: Path) -> Path | None:
     """The checkpoint of the run's best validation (train.select), or None before any: the one
-    the latest checkpoint's own record of the selection names. The ``best`` pointer, written
-    after a checkpoint is published, lags by one best where a run dies between the two."""
+    the latest checkpoint's own record of the selection names. (The ``best`` pointer, for people,
+    is written after a checkpoint is published: it lags by one best where a run dies between.)"""
     latest = latest_checkpoint(root)
     best = read_meta(latest).get("best") if latest is not None else None
-    if best and best["step"] >= 0 and (_step_dir(root, best["step"]) / "meta.json").is_file():
-        return _step_dir(root, best["step"])
-    return _pointed(root / "best")
+    if not best or best["step"] < 0:
+        return None
+    path = _step_dir(root, best["step"])
+    if not (path / "meta.json").is_file():
+        raise TrainingError(
+            f"{latest}/meta.json names {path.name} the best validation's checkpoint, and it is "
+            "gone (the run keeps it beside the last train.keep_last): give a step_N directory"
+        )
+    return path
 
 
 def _pointed(pointer: Path) -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from conftest import REPO
 from distseq.bench.recipes.report import advice, from_stage2, heading, summarize, table
 from distseq.bench.recipes.run import checked, held_out_shards
+from distseq.bench.recipes.slurm import Jobs, jobs_of, options_of
 from distseq.bench.recipes.trainings import (
     RECIPES,
     SCORES,
@@ -25,6 +27,7 @@ from distseq.cli import main
 from distseq.config import load_config
 from distseq.demo.task import write_task
 from distseq.errors import ConfigError
+from distseq.launch.slurm import SlurmOptions
 
 
 def result(recipe: str, seed: int, accuracy: float, seconds: float, val: float = 0.9) -> Result:
@@ -186,6 +189,12 @@ def test_a_test_split_is_one_that_no_training_or_selection_saw(tmp_path: Path) -
         held_out_shards(f"{data}/{{test,val}}-000000.tar", cfg)
     with pytest.raises(ConfigError, match=r"train-000000\.tar is also in data\.train"):
         held_out_shards(f"{tmp_path}/../{tmp_path.name}/data/train-000000.tar", cfg)
+    # Feature shards are named by their shard: a test shard named as a validation one would
+    # find the validation's features.
+    (tmp_path / "copy").mkdir()
+    shutil.copy(data / "val-000000.tar", tmp_path / "copy")
+    with pytest.raises(ConfigError, match=r"val-000000\.tar has the name of a shard of data\.val"):
+        held_out_shards(str(tmp_path / "copy" / "val-000000.tar"), cfg)
     other = tmp_path / "other"
     write_task(other, train=0, val=0, length=301, size=8, seed=0, per_shard=1, test=1)
     index = json.loads((other / "index.json").read_text())
@@ -222,3 +231,26 @@ def test_a_folder_made_with_other_options_or_by_another_distseq_is_refused(tmp_p
     (frames / "result.json").write_text(json.dumps(record))  # an older bench's
     with pytest.raises(ConfigError, match=refused):
         runs.finished("frames")
+
+
+def test_the_jobs_the_recipes_need_and_those_a_job_that_fails_leaves_unrun(
+    tmp_path: Path,
+) -> None:
+    assert jobs_of(["tbptt", "three_stage"]) == ["frames", "head", "stage3", "tbptt"]
+    assert jobs_of(["per_frame", "two_stage"]) == ["frames", "head"]
+    args = options(tmp_path)
+    jobs = Jobs(args, SlurmOptions(folder=str(tmp_path / "%j")))
+    jobs.waits = {
+        "seed-0/frames": [],
+        "seed-0/head": ["seed-0/frames"],
+        "seed-0/stage3": ["seed-0/frames", "seed-0/head"],
+        "seed-0/tbptt": [],
+        "seed-1/head": ["seed-1/frames"],
+    }
+    jobs.jobs = dict.fromkeys(["seed-0/head", "seed-0/stage3", "seed-0/tbptt", "seed-1/head"])  # type: ignore[arg-type]
+    assert jobs._waiting_on("seed-0/frames") == ["seed-0/head", "seed-0/stage3"]
+    assert jobs._waiting_on("seed-0/head") == ["seed-0/stage3"]
+    assert jobs._waiting_on("seed-0/tbptt") == []
+    # A queued job is waited for by a rerun with the same options only (seeds and recipes aside).
+    same = replace(args, seeds=[0, 1], recipes=["tbptt"], json=True)
+    assert options_of(same) == options_of(args) != options_of(replace(args, steps=3))

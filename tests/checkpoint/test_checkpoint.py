@@ -165,3 +165,6 @@ def test_the_best_is_the_one_the_latest_checkpoint_records_though_its_pointer_la
     shutil.copytree(root / "step_00000002", root / "step_00000001")
     (root / "best").write_text("step_00000001\n")
     assert resolve_checkpoint(root) == root / "step_00000002"
+    shutil.rmtree(root / "step_00000002")  # by hand: the run keeps it
+    with pytest.raises(TrainingError, match=r"names step_00000002 the best validation's checkp"):
+        resolve_checkpoint(root)

@@ -118,7 +118,10 @@ def test_every_recipe_equals_its_train_run_and_a_rerun_trains_only_what_is_missi
     commands = [["features", str(seed1 / "frames"), *inputs, "--out", str(features)]]
     for name, extra in trainings.items():
         commands.append(["train", *base, *extra, f"train.out_dir={tmp_path / name}"])
-    commands.append(["eval", str(seed1 / "stage3"), "--split", "test", "--out", str(tmp_path)])
+    for name in ("stage3", "head"):  # the head on the test split's features
+        commands.append(
+            ["eval", str(seed1 / name), "--split", "test", "--out", f"{tmp_path}/{name}-eval"]
+        )
     proc = subprocess.run(
         [sys.executable, str(WORKERS / "commands.py"), json.dumps(commands)],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
@@ -128,9 +131,10 @@ def test_every_recipe_equals_its_train_run_and_a_rerun_trains_only_what_is_missi
     for name in trainings:
         assert numbers(tmp_path / name) == numbers(seed1 / name)
         assert '"loss"' in numbers(tmp_path / name) and '"val_accuracy"' in numbers(tmp_path / name)
-    report = json.loads((tmp_path / "eval.json").read_text())
-    assert report["frame_level"]["accuracy"] == made[8]["test"]["accuracy"]
-    assert f"step {made[8]['selected']}, the best validation" in report["model"]
+    for name, record in (("stage3", made[8]), ("head", made[7])):
+        report = json.loads((tmp_path / f"{name}-eval" / "eval.json").read_text())
+        assert report["frame_level"]["accuracy"] == record["test"]["accuracy"], name
+        assert f"step {record['selected']}, the best validation" in report["model"], name
 
     table = text.splitlines()
     assert table[0].startswith("Each training's checkpoint selected on data.val by")
@@ -166,10 +170,8 @@ def test_on_slurm_every_training_is_a_job_and_the_table_is_the_local_one(
     out = tmp_path / "recipes"
     slurm = ["--slurm", "--partition", "hosts", "--time", "00:05:00"]
     cmd = [sys.executable, "-m", "distseq", *argv(data, out, *STEPS, "--test", str(data), *slurm)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+    env, pipe = {**os.environ, "PYTHONPATH": str(REPO)}, subprocess.PIPE
+    first = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=env)
     lines = []
     assert first.stderr is not None
     for line in first.stderr:
@@ -187,16 +189,29 @@ def test_on_slurm_every_training_is_a_job_and_the_table_is_the_local_one(
     after = re.search(rf"{ids['seed-1/stage3']}: seed-1/stage3 after job (.+)", said)
     assert after and set(after[1].split(", ")) == {ids["seed-1/frames"], ids["seed-1/head"]}
     subprocess.run(["scancel", ids["seed-1/stage3"]], check=True)  # still waiting in the queue
+    # Held until the rerun below has found it queued (it waits on stage 1, which takes seconds).
+    subprocess.run(["scontrol", "hold", ids["seed-1/head"]], check=True)
     first.send_signal(signal.SIGINT)
     _, stopped = first.communicate(timeout=60)
     assert first.returncode != 0, said + stopped
     assert "stopped waiting; the jobs go on in SLURM" in stopped, said + stopped
 
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    again = proc.stderr
-    # The cancelled job, submitted anew; no other job twice.
-    assert len(re.findall(r"submitted job \d+: seed-1/stage3", again)) == 1, again
+    rerun = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=env)
+    assert rerun.stderr is not None
+    lines = []
+    for line in rerun.stderr:
+        lines.append(line)
+        if "jobs in SLURM" in line:
+            break
+    subprocess.run(["scontrol", "release", ids["seed-1/head"]], check=True)
+    _, rest = rerun.communicate(timeout=300)
+    again = "".join(lines) + rest
+    assert rerun.returncode == 0, again[-3000:]
+    # The cancelled job, submitted anew after the jobs it waits on, still queued; no other job
+    # twice.
+    assert f"waiting for job {ids['seed-1/head']}: seed-1/head, queued before" in again, again
+    anew = rf"submitted job \d+: seed-1/stage3 after job .*{ids['seed-1/head']}"
+    assert len(re.findall(anew, again)) == 1, again
     assert not re.findall(r"submitted job \d+: (?!seed-1/stage3)", again), again
     assert re.search(r"\] seed-1/stage3: done \(job \d+ on ds-h\d\)", again), again
     assert without_seconds((out / "recipes.md").read_text()) == without_seconds(local[2])

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import TINY, tiny_model
 from distseq.config import Config, load_config
 from distseq.errors import ConfigError
 from distseq.memory import budget, probe
@@ -22,7 +22,6 @@ from distseq.memory.plan import Plan
 
 CPU = torch.device("cpu")
 T, K = 16, 2  # the probe runs 2K and 4K frames: a few seconds at 32 px
-TINY = "tiny_cnn"  # two stages, as a ResNet has four: the probe in a fraction of the time
 
 
 def config(out: Path, *overrides: str) -> Config:
@@ -129,8 +128,9 @@ def test_a_budget_no_chunk_size_meets_is_refused_after_one_probe(
 def test_the_same_config_plans_the_same_chunks_under_load(tmp_path: Path) -> None:
     # Two fresh runs of one config, the second while two processes keep both cores busy: the
     # chunk size, part of the model under BatchNorm, comes from the config, not from timings.
-    # The holds do come from the probe's timings, and under load they once differed (one chunk
-    # held from layer3 instead of layer2): they change a step's time, never its result.
+    # The holds do come from the probe's timings, and under load they once differed (on
+    # ResNet-18, one chunk held from layer3 instead of layer2): they change a step's time, never
+    # its result.
     model = tiny_model("torch", chunk=8, norm="batchnorm", backbone=TINY)
     spec = between(plan(config(tmp_path / "ample", "memory.budget=1GB"), model), 0.5)
     quiet = plan(config(tmp_path / "quiet", spec), model)

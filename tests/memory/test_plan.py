@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import random_batch, tiny_model
+from conftest import TINY, random_batch, tiny_model
 from distseq.errors import ConfigError
 from distseq.memory import plan as planning
 from distseq.memory.budget import budget_bytes
@@ -19,9 +19,8 @@ from distseq.memory.probe import Probe, RunShape, probe, resident_bytes
 CPU = torch.device("cpu")
 T, SIZE = 48, 32
 SHAPE = RunShape(batch_size=1, size=SIZE, num_classes=3, window=T, device=CPU)
-# The probe's own checks run on distseq's small CNN (a probe of ResNet-18 over 48 frames took
-# ~10 s here); a real step under its plan runs on two torchvision CNNs.
-TINY = "tiny_cnn"
+# The probe's own checks run on distseq's small CNN, TINY (a probe of ResNet-18 over 48 frames
+# took ~10 s here); a real step under its plan runs on two torchvision CNNs.
 
 
 @pytest.mark.slow

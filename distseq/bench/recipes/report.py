@@ -70,8 +70,10 @@ def heading(split: str, select: str, test: str) -> str:
     chosen = f"Each training's checkpoint selected on data.val by `train.select: {select}`"
     if split == "test":
         shards = test.split("::")
-        count = f"{len(shards)} shard" + "s" * (len(shards) > 1)
-        where = f"{count} in {Path(shards[0]).parent}"
+        where = f"{len(shards)} shard" + "s" * (len(shards) > 1)
+        folders = {str(Path(shard).parent) for shard in shards}
+        if len(folders) == 1:
+            where += f" in {folders.pop()}"
         return f"{chosen}; scores on the test split (--test: {where}), which no choice saw."
     return (
         f"{chosen}; scores on data.val, the split that selected them: optimistic, give --test "

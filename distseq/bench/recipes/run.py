@@ -28,7 +28,7 @@ from distseq.bench.recipes.trainings import (
 )
 from distseq.config import RNNS, Config, load_config
 from distseq.data.manifest import find_manifest
-from distseq.data.tar import expand, local_path
+from distseq.data.tar import expand, local_path, shard_name
 from distseq.errors import ConfigError
 from distseq.files import output_folder, write_atomic
 from distseq.train.signals import StopSignals
@@ -78,7 +78,8 @@ def checked(args: RecipesBench) -> RecipesBench:
         say(f"tbptt: --tbptt {args.tbptt} >= data.window={cfg.data.window}: it is end_to_end")
     if not recipes:
         raise ConfigError("bench recipes: no recipe left to compare")
-    # Absolute: a SLURM job reads them wherever it starts.
+    # Absolute, for people and for the records. A SLURM job starts in this folder (sbatch's
+    # default), where relative paths among the overrides mean what they mean here.
     args = replace(
         args,
         config=str(Path(args.config).resolve()),
@@ -100,13 +101,21 @@ def held_out_shards(test: str, cfg: Config) -> str:
     shards = expand(test, "--test", "test")
     splits = {"data.train": (cfg.data.train, "train"), "data.val": (cfg.data.val, "val")}
     seen = {
-        _same(url): key for key, (urls, split) in splits.items() for url in expand(urls, key, split)
+        canonical(url): key
+        for key, (urls, split) in splits.items()
+        for url in expand(urls, key, split)
     }
+    names = {shard_name(url): key for url, key in seen.items()}
     for url in shards:
-        if _same(url) in seen:
+        if canonical(url) in seen:
             raise ConfigError(
-                f"--test: {url} is also in {seen[_same(url)]}: score on shards that no training "
-                "or selection saw"
+                f"--test: {url} is also in {seen[canonical(url)]}: score on shards that no "
+                "training or selection saw"
+            )
+        if shard_name(url) in names:  # features are written, and found, by their shard's name
+            raise ConfigError(
+                f"--test: {url} has the name of a shard of {names[shard_name(url)]}: give the "
+                "test shards names of their own"
             )
     given = find_manifest(test, "", "--test")
     theirs = find_manifest(cfg.data.val, cfg.data.manifest, "data.val")
@@ -115,10 +124,10 @@ def held_out_shards(test: str, cfg: Config) -> str:
             f"--test: its classes {given.classes} ({given.path}) are not data.val's "
             f"{theirs.classes}"
         )
-    return "::".join(str(_same(url)) for url in shards)
+    return "::".join(str(canonical(url)) for url in shards)
 
 
-def _same(url: str) -> str:
+def canonical(url: str) -> str:
     """A shard's one name: a local file's resolved path, else its URL."""
     path = local_path(url)
     return url if path is None else str(path.resolve())
@@ -129,7 +138,7 @@ def bench_recipes(args: RecipesBench) -> list[Result]:
     args = checked(args)
     out.mkdir(parents=True, exist_ok=True)
     if args.slurm is not None:
-        run_on_slurm(args)  # returns once every training is done
+        run_on_slurm(args, args.slurm)  # returns once every training is done
     # SIGTERM or SIGUSR2 (a preemption, a time limit) stops the training under way with a
     # checkpoint and its time recorded; run again, the bench goes on from there. After the
     # SLURM jobs, every training is read back.

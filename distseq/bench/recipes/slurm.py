@@ -4,7 +4,7 @@ job dependencies, the seeds and recipes side by side; the table is made when the
 A job runs the same ``SeedRuns.get`` as the local bench, so its training is an ordinary run in
 ``OUT/seed-N/NAME`` and ends with its ``result.json``. A job stopped by SIGUSR2 (its time limit)
 saves and requeues itself (``train.max_requeues``), by SIGTERM (preemption, ``scancel``) saves
-and ends; a job that waited on one that failed is cancelled. The jobs are recorded in
+and ends; a job that waited on one that ended unfinished is cancelled. The jobs are recorded in
 ``OUT/slurm/jobs.json``: run the same command again and the bench reads back the finished
 trainings, waits for those still queued or running (after a Ctrl-C, a lost login), and submits
 the others anew, each resuming from its last checkpoint.
@@ -12,17 +12,20 @@ the others anew, each resuming from its last checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import signal
+import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import submitit
 
 from distseq.bench.recipes.trainings import TRAININGS, RecipesBench, SeedRuns, say
-from distseq.errors import TrainingError
+from distseq.errors import ConfigError, TrainingError
 from distseq.files import write_atomic
-from distseq.launch.slurm import exit_stopped
+from distseq.launch.slurm import SlurmOptions, exit_stopped
 from distseq.train.signals import Interrupted, StopSignals
 
 # Each job's trainings, in order, and the jobs of its seed it waits for. The head's job writes
@@ -34,16 +37,22 @@ JOBS = {
     "tbptt": (("tbptt",), ()),
     "end_to_end": (("end_to_end",), ()),
 }
-# SLURM's states of a job that will still run or is running (squeue's long names).
-_ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
-POLL_S = 2.0  # between looks at the queue: sacct answers in milliseconds on a quiet cluster
+# The states (sacct's) of a job that SLURM will still run, or runs. PREEMPTED is not among them:
+# a job preempted to be requeued passes through it at once, so a later look finds it ended.
+_ALIVE = {
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+    "RESIZING", "SUSPENDED", "STOPPED", "READY",
+}  # fmt: skip
+# Between looks at the queue. submitit asks sacct itself at most every few seconds for a young
+# job and every minute for an old one: a look in between reads its cache.
+POLL_S = 2.0
 
 
 @dataclass(frozen=True)
 class TrainingJob:
     """What a job runs: its trainings of one seed, one after another."""
 
-    args: RecipesBench
+    args: RecipesBench  # with slurm=None: in the job, a training is made here
     seed: int
     trainings: tuple[str, ...]
 
@@ -63,52 +72,90 @@ def jobs_of(recipes: list[str]) -> list[str]:
     return [job for job in JOBS if job in needed]
 
 
-class Queue:
-    """The bench's jobs: those submitted or found queued, recorded in ``OUT/slurm/jobs.json``."""
+def options_of(args: RecipesBench) -> str:
+    """What a job's trainings are made from, as a short hash: a queued job of other options is
+    not waited for (it has not written its config yet, which a rerun would refuse)."""
+    made = asdict(replace(args, seeds=[], recipes=[], json=False, slurm=None))
+    made["config_text"] = Path(args.config).read_text()
+    return hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:16]
 
-    def __init__(self, args: RecipesBench) -> None:
-        assert args.slurm is not None
-        self.args = args
-        self.folder = Path(args.out) / "slurm"
-        self.record = self.folder / "jobs.json"
-        self.ids: dict[str, str] = (
+
+class Jobs:
+    """The bench's jobs: those submitted or found queued, recorded in ``OUT/slurm/jobs.json``
+    (``{"seed-N/job": {"job": id, "options": options_of}}``)."""
+
+    def __init__(self, args: RecipesBench, opts: SlurmOptions) -> None:
+        self.args, self.opts = args, opts
+        self.options = options_of(args)
+        self.record = Path(args.out) / "slurm" / "jobs.json"
+        self.ids: dict[str, dict[str, str]] = (
             json.loads(self.record.read_text()) if self.record.is_file() else {}
         )
-        self.jobs: dict[str, submitit.Job[None]] = {}  # key "seed-N/job", those not finished
-        self.waits: dict[str, list[str]] = {}  # key -> the keys it waits on
+        self.jobs: dict[str, submitit.Job[None]] = {}  # key "seed-N/job": those not finished
+        self.waits: dict[str, list[str]] = {}  # key: the keys it waits on
+        self.found: set[str] = set()  # keys whose job an earlier run queued
 
     def add(self, runs: SeedRuns, job: str) -> None:
         """``job`` of ``runs``' seed, unless its trainings are done: the one an earlier run
-        queued where it is still alive, else a new one after the jobs it waits on."""
+        queued where it still runs or will (and all it waits on was found so too), else a new
+        one after the jobs it waits on."""
         trainings, after = JOBS[job]
         if all(runs.finished(name) for name in trainings):
             return
-        key, mine = f"seed-{runs.seed}/{job}", [f"seed-{runs.seed}/{a}" for a in after]
-        self.waits[key] = [k for k in mine if k in self.jobs]
+        key = f"seed-{runs.seed}/{job}"
+        self.waits[key] = [k for k in (f"seed-{runs.seed}/{a}" for a in after) if k in self.jobs]
         found = self._alive(key)
-        if found is not None:
+        if found is not None and all(k in self.found for k in self.waits[key]):
             say(f"waiting for job {found.job_id}: {key}, queued before ({found.state})")
             self.jobs[key] = found
+            self.found.add(key)
             return
-        executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster="slurm")
-        assert self.args.slurm is not None
-        params = self.args.slurm.executor_parameters() | {"name": f"recipes-{key}"}
+        if found is not None:  # it waits on a job that ended unfinished: SLURM never runs it
+            found.cancel(check=False)
+            say(f"cancelled job {found.job_id}: {key} waited on a job that ended unfinished")
+        self._submit(key, runs.seed, trainings)
+
+    def _submit(self, key: str, seed: int, trainings: tuple[str, ...]) -> None:
+        executor = submitit.AutoExecutor(folder=self.opts.folder, cluster="slurm")
+        params = self.opts.executor_parameters() | {"name": f"recipes-{key}"}
         ids = [self.jobs[k].job_id for k in self.waits[key]]
         if ids:
             params["slurm_dependency"] = "afterok:" + ":".join(ids)
         executor.update_parameters(**params)
-        self.jobs[key] = executor.submit(TrainingJob(self.args, runs.seed, trainings))
-        self.ids[key] = self.jobs[key].job_id
-        write_atomic(self.record, json.dumps(self.ids, indent=1).encode())
+        task = TrainingJob(replace(self.args, slurm=None), seed, trainings)
+        # A Ctrl-C between queuing the job and recording it would leave a job that a rerun does
+        # not know of, and queues again: it waits until both are done.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.jobs[key] = executor.submit(task)
+            self.ids[key] = {"job": self.jobs[key].job_id, "options": self.options}
+            write_atomic(self.record, json.dumps(self.ids, indent=1).encode())
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         waits = f" after job {', '.join(ids)}" if ids else ""
         say(f"submitted job {self.jobs[key].job_id}: {key}{waits}")
 
     def _alive(self, key: str) -> submitit.Job[None] | None:
-        """The job recorded for ``key``, where SLURM still runs or will run it."""
+        """The job recorded for ``key``, where SLURM still runs it or will; one queued with other
+        options, or whose state SLURM does not say, refused."""
         if key not in self.ids:
             return None
-        job: submitit.Job[None] = submitit.SlurmJob(folder=self.folder / "%j", job_id=self.ids[key])
-        return job if job.state.split()[0] in _ALIVE else None
+        recorded = self.ids[key]
+        job: submitit.Job[None] = submitit.SlurmJob(folder=self.opts.folder, job_id=recorded["job"])
+        state = job.state.split()[0]
+        if state == "UNKNOWN":
+            raise TrainingError(
+                f"bench recipes --slurm: sacct does not say the state of job {job.job_id} ({key}, "
+                f"{self.record}): run again when it does"
+            )
+        if state not in _ALIVE:
+            return None
+        if recorded["options"] != self.options:
+            raise ConfigError(
+                f"bench recipes --slurm: job {job.job_id} ({key}) was queued with other options "
+                f"than these: scancel {job.job_id}, or give another --out"
+            )
+        return job
 
     def wait(self) -> None:
         """Until every job has ended; a job whose trainings did not finish fails those that wait
@@ -154,19 +201,39 @@ class Queue:
         return out
 
 
-def run_on_slurm(args: RecipesBench) -> None:
+def check_sacct() -> None:
+    """The bench reads its jobs' states with sacct: SLURM's accounting must be on."""
+    try:
+        proc = subprocess.run(
+            ["sacct", "-n", "-X", "-j", "1"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ConfigError(f"bench recipes --slurm reads its jobs' states with sacct: {e}") from None
+    if proc.returncode != 0:
+        said = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no answer"
+        raise ConfigError(
+            f"bench recipes --slurm reads its jobs' states with sacct, which says: {said} "
+            "(SLURM's accounting must be on)"
+        )
+
+
+def run_on_slurm(args: RecipesBench, opts: SlurmOptions) -> None:
     """Every training of the bench done, each as a job (module docstring)."""
-    queue = Queue(args)
+    opts.executor_parameters()  # a bad --time is refused before any job is queued
+    check_sacct()
+    jobs = Jobs(args, opts)
     try:
         for seed in args.seeds:
             runs = SeedRuns(args, seed)
             for job in jobs_of(args.recipes):
-                queue.add(runs, job)
-        if queue.jobs:
-            say(f"{len(queue.jobs)} jobs in SLURM; their logs: {queue.folder}/<job id>/")
-            queue.wait()
+                jobs.add(runs, job)
+        if jobs.jobs:
+            say(f"{len(jobs.jobs)} jobs in SLURM; their logs: {Path(opts.folder).parent}/<job id>/")
+            jobs.wait()
     except KeyboardInterrupt:
+        if not jobs.ids:
+            raise
         raise TrainingError(
             "bench recipes --slurm: stopped waiting; the jobs go on in SLURM "
-            f"({queue.record}): run the same command again to wait for them and make the table"
+            f"({jobs.record}): run the same command again to wait for them and make the table"
         ) from None

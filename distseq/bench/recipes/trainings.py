@@ -44,7 +44,7 @@ from distseq.config import (
     with_absolute_paths,
 )
 from distseq.data.tar import expand, shard_name
-from distseq.errors import ConfigError
+from distseq.errors import ConfigError, TrainingError
 from distseq.evaluate.judging import Judging, evaluate
 from distseq.files import write_atomic
 from distseq.infer.features import write_features
@@ -260,6 +260,11 @@ class SeedRuns:
 
     def _make(self, name: str, made_with: str, stop: StopSignals) -> Training:
         out = self.root / name
+        if self.args.slurm is not None:  # never on the login node: its job makes it
+            raise TrainingError(
+                f"bench recipes --slurm: {out} is not done though its job ended: run the same "
+                "command again"
+            )
         say(f"== seed {self.seed}: {name} -> {out}")
         # What a training or the features print goes to stderr with the bench's progress, so
         # that stdout holds the bench's results alone (--json: one record a line, pipeable).
@@ -351,7 +356,7 @@ def _curve(metrics: Path) -> list[tuple[int, float]]:
 def run_recipe(runs: SeedRuns, recipe: str, stop: StopSignals) -> Result:
     trainings = [runs.get(name, stop) for name in TRAININGS[recipe]]
     last = trainings[-1]
-    stage2 = trainings[-2].test or trainings[-2].val if recipe == "three_stage" else {}
+    stage2 = (trainings[-2].test or trainings[-2].val) if recipe == "three_stage" else {}
     return Result(
         recipe,
         runs.seed,
