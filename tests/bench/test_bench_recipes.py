@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import replace
@@ -13,7 +14,7 @@ import pytest
 from conftest import REPO
 from distseq.bench.recipes.report import advice, from_stage2, heading, summarize, table
 from distseq.bench.recipes.run import checked, held_out_shards
-from distseq.bench.recipes.slurm import Jobs, jobs_of, options_of
+from distseq.bench.recipes.slurm import Jobs, check_sacct, jobs_of, options_of
 from distseq.bench.recipes.trainings import (
     RECIPES,
     SCORES,
@@ -26,7 +27,7 @@ from distseq.bench.recipes.trainings import (
 from distseq.cli import main
 from distseq.config import load_config
 from distseq.demo.task import write_task
-from distseq.errors import ConfigError
+from distseq.errors import ConfigError, TrainingError
 from distseq.launch.slurm import SlurmOptions
 
 
@@ -247,10 +248,58 @@ def test_the_jobs_the_recipes_need_and_those_a_job_that_fails_leaves_unrun(
         "seed-0/tbptt": [],
         "seed-1/head": ["seed-1/frames"],
     }
-    jobs.jobs = dict.fromkeys(["seed-0/head", "seed-0/stage3", "seed-0/tbptt", "seed-1/head"])  # type: ignore[arg-type]
+    queued = ["seed-0/head", "seed-0/stage3", "seed-0/tbptt", "seed-1/head"]
+    jobs.jobs = dict.fromkeys(queued)  # type: ignore[assignment]  # which are queued, no more
     assert jobs._waiting_on("seed-0/frames") == ["seed-0/head", "seed-0/stage3"]
     assert jobs._waiting_on("seed-0/head") == ["seed-0/stage3"]
     assert jobs._waiting_on("seed-0/tbptt") == []
     # A queued job is waited for by a rerun with the same options only (seeds and recipes aside).
     same = replace(args, seeds=[0, 1], recipes=["tbptt"], json=True)
     assert options_of(same) == options_of(args) != options_of(replace(args, steps=3))
+
+
+def fake_sacct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """A ``sacct`` first on PATH, running ``body``: what submitit and the bench read."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    (folder / "sacct").write_text(f"#!/bin/sh\n{body}")
+    (folder / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_a_rerun_waits_only_for_a_job_queued_with_its_options_in_a_state_sacct_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sacct at all
+    with pytest.raises(ConfigError, match=r"^bench recipes --slurm reads its jobs' states with sa"):
+        check_sacct()
+    disabled = "sacct: error: Slurm accounting storage is disabled"
+    fake_sacct(tmp_path, monkeypatch, f'echo "{disabled}" >&2; exit 1\n')
+    with pytest.raises(
+        ConfigError, match=f"which says: {disabled} \\(SLURM's accounting must be on"
+    ):
+        check_sacct()
+
+    args = options(tmp_path)
+    # Job ids no cluster of the suite reaches: submitit caches the states of ended jobs.
+    states = {"990001": "RUNNING", "990002": "UNKNOWN", "990003": "CANCELLED by 0"}
+    states["990004"] = "PENDING"
+    lines = "".join(f'echo "{job}|{state}|ds-h1"\n' for job, state in states.items())
+    fake_sacct(tmp_path, monkeypatch, f'echo "JobID|State|NodeList"\n{lines}')
+    keys = ["seed-0/frames", "seed-0/head", "seed-0/stage3", "seed-0/tbptt"]
+    record = {
+        key: {"job": job, "options": options_of(args)}
+        for key, job in zip(keys, states, strict=True)
+    }
+    record["seed-0/tbptt"]["options"] = "another bench's"
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "jobs.json").write_text(json.dumps(record))
+    jobs = Jobs(args, SlurmOptions(folder=str(tmp_path / "slurm" / "%j")))
+    found = jobs._alive("seed-0/frames")
+    assert found is not None and found.job_id == "990001"
+    with pytest.raises(TrainingError, match=r"sacct does not say the state of job 990002 \(seed-0"):
+        jobs._alive("seed-0/head")
+    assert jobs._alive("seed-0/stage3") is None  # ended: submitted anew
+    with pytest.raises(ConfigError, match=r"job 990004 \(seed-0/tbptt\) was queued with other op"):
+        jobs._alive("seed-0/tbptt")
+    assert jobs._alive("seed-1/frames") is None  # never queued
