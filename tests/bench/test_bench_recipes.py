@@ -8,6 +8,7 @@ import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -303,3 +304,43 @@ def test_a_rerun_waits_only_for_a_job_queued_with_its_options_in_a_state_sacct_g
     with pytest.raises(ConfigError, match=r"job 990004 \(seed-0/tbptt\) was queued with other op"):
         jobs._alive("seed-0/tbptt")
     assert jobs._alive("seed-1/frames") is None  # never queued
+
+
+class FakeJob:
+    """A submitit job as the bench's wait reads it: ended or not, its state, its node."""
+
+    def __init__(self, job_id: str, state: str) -> None:
+        self.job_id, self.state, self.cancelled = job_id, state, False
+        self.paths = SimpleNamespace(stderr=f"slurm/{job_id}/log.err")
+
+    def done(self) -> bool:
+        return self.state != "PENDING"
+
+    def get_info(self) -> dict[str, str]:
+        return {"NodeList": "ds-h1"}
+
+    def cancel(self, check: bool = True) -> None:
+        self.cancelled = True
+
+
+def test_a_job_that_ends_unfinished_cancels_those_that_wait_on_it_and_is_named(
+    tmp_path: Path,
+) -> None:
+    jobs = Jobs(options(tmp_path), SlurmOptions(folder=str(tmp_path / "%j")))
+    frames, head, stage3 = FakeJob("7", "FAILED"), FakeJob("8", "PENDING"), FakeJob("9", "PENDING")
+    jobs.jobs = {"seed-0/frames": frames, "seed-0/head": head, "seed-0/stage3": stage3}  # type: ignore[dict-item]
+    jobs.waits = {
+        "seed-0/frames": [],
+        "seed-0/head": ["seed-0/frames"],
+        "seed-0/stage3": ["seed-0/frames", "seed-0/head"],
+    }
+    # SLURM would keep the two that wait on it pending forever: they are cancelled, and said.
+    with pytest.raises(TrainingError) as error:
+        jobs.wait()
+    assert str(error.value) == (
+        "bench recipes --slurm: 3 of 3 jobs did not finish: job 7 (seed-0/frames) FAILED (log: "
+        "slurm/7/log.err); seed-0/head not run: it waited on seed-0/frames; seed-0/stage3 not "
+        "run: it waited on seed-0/frames. Run the same command again: the finished trainings "
+        "are read back, the others resume from their last checkpoints"
+    )
+    assert head.cancelled and stage3.cancelled and not frames.cancelled
