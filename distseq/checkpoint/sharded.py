@@ -9,8 +9,9 @@ Layout under ``<train.out_dir>/checkpoints``::
         meta.json            position (step, batches consumed per rank, seed), world size,
                              LR schedule, classes, config, last metrics (written by rank 0)
         rank<r>.pt           what only rank r knows (RankState): its RNG states (python, numpy,
-                             torch CPU, CUDA), the bad samples its stream skipped, and the RNN
-                             states it carries from window to window in ordered mode
+                             torch CPU, CUDA), the bad samples its stream skipped, the RNN
+                             states it carries from window to window in ordered mode, and
+                             each loader worker's stream position
     step_00000600.tmp/       a save in progress or a killed one: never read, removed by the
                              next save
 
@@ -77,11 +78,12 @@ class Position:
 
 @dataclass
 class RankState:
-    """What one rank alone knows. The data position plus ``skipped`` lets the stream seek
-    without decoding; ``carries`` are the RNN states of the lanes of each loader worker."""
+    """What one rank alone knows: the bad samples its stream skipped, the RNN states of the
+    lanes of each loader worker, and each worker's stream position (data.Batch.position)."""
 
     skipped: list[str] = field(default_factory=list)  # data.Batch.skipped ids, in order
     carries: dict[int, RNNState] = field(default_factory=dict)  # by loader worker
+    streams: dict[int, dict[str, Any]] = field(default_factory=dict)  # by loader worker
     rng: dict[str, Any] | None = None  # as read back; a save takes the current states
 
 
@@ -202,7 +204,8 @@ def save_checkpoint(
     mine = rank_state or RankState()
     carries = {w: _to_cpu(state) for w, state in mine.carries.items()}
     buffer = io.BytesIO()
-    torch.save({"rng": _rng_state(), "skipped": mine.skipped, "carries": carries}, buffer)
+    alone = {"rng": _rng_state(), "skipped": mine.skipped, "carries": carries}
+    torch.save({**alone, "streams": mine.streams}, buffer)
     # Each write is followed by an agreement of all ranks, so that no rank goes on into a
     # collective that a failed rank will never join. DCP's save agrees by itself.
     error = _attempt(lambda: write_atomic(tmp / f"rank{rank}.pt", buffer.getvalue()))
@@ -516,11 +519,12 @@ def read_rank_state(resumed: Resumed, sequence: int = 1) -> RankState:
     try:
         state = torch.load(file, weights_only=True)
         rng, skipped, carries = state["rng"], list(state["skipped"]), dict(state["carries"])
+        streams = dict(state.get("streams", {}))  # none saved before stream positions
     except Exception as e:  # a missing or corrupt file: any error torch.load raises
         raise unreadable("checkpoint", file, e) from None
     if world != saved:
         return RankState(rng=rng)
-    return RankState(skipped, carries, rng)
+    return RankState(skipped, carries, streams, rng)
 
 
 def restore_rng(resumed: Resumed, rank_state: RankState, sequence: int = 1) -> None:

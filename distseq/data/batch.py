@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -60,6 +61,8 @@ class Batch:
     starts: torch.Tensor = field(default_factory=_unset_starts)
     worker: int = 0  # the worker stream that made it; train batch i comes from worker i % workers
     segment: tuple[int, int] = (-1, -1)  # (loader worker, shared-memory segment) frames are in
+    # A train batch: its worker's stream position after it (train_stream.Resume takes it back).
+    position: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.starts.numel() == 0:

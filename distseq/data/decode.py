@@ -36,6 +36,7 @@ class Video:
     jpegs: list[tuple[int, bytes]]  # (stored frame number, JPEG); none in a feature shard
     labels: list[int]
     features: torch.Tensor | None = None  # a feature shard's: float16 [T, F]
+    source: tuple[str, int] = ("", 0)  # its sample's shard URL and byte offset there
 
 
 def check_sample(
@@ -63,7 +64,10 @@ def check_sample(
         raise DataError(f"{where}: frames must be numbered 000000..{n - 1:06d} without gaps")
     labels = _labels(sample, n, num_classes)
     kept = range(0, n, stride)
-    return Video(key, sample.id, where, [(i, jpegs[i]) for i in kept], labels[::stride])
+    frames = [(i, jpegs[i]) for i in kept]
+    return Video(
+        key, sample.id, where, frames, labels[::stride], source=(sample.url, sample.offset)
+    )
 
 
 def _check_features(sample: Sample, num_classes: int, stride: int, size: int) -> Video:
@@ -92,7 +96,7 @@ def _check_features(sample: Sample, num_classes: int, stride: int, size: int) ->
         )
     labels = _labels(sample, len(array), num_classes)
     features = torch.from_numpy(array[::stride].copy())
-    return Video(key, sample.id, where, [], labels[::stride], features)
+    return Video(key, sample.id, where, [], labels[::stride], features, (sample.url, sample.offset))
 
 
 def _labels(sample: Sample, frames: int, num_classes: int) -> list[int]:

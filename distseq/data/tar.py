@@ -14,9 +14,10 @@ import re
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 from urllib.parse import urlparse
 
 import webdataset as wds
@@ -152,6 +153,10 @@ class Sample:
     key: str
     members: dict[str, bytes]
     cut: str = ""  # the shard is cut off inside this sample: the error message
+    # Byte offsets in the shard of its first member's header and of what follows it: where
+    # read_shard starts to read it again, or the samples after it (a resumed train stream).
+    offset: int = 0
+    end: int = 0
 
     @property
     def id(self) -> str:
@@ -193,21 +198,26 @@ def member_key(name: str) -> tuple[str, str]:
     return head + slash + stem, ext
 
 
-def read_shard(url: str) -> Iterator[Sample]:
-    """The samples of one shard, read lazily. A sample's members are consecutive and named
-    ``<key>.<ext>``. If the shard is cut off, the sample it ends in comes last, marked ``cut``."""
+def read_shard(url: str, offset: int = 0) -> Iterator[Sample]:
+    """The samples of one shard, read lazily, from the sample whose first header is at byte
+    ``offset`` (0: the first). A sample's members are consecutive and named ``<key>.<ext>``. If
+    the shard is cut off, the sample it ends in comes last, marked ``cut``."""
     sample: Sample | None = None
     try:
-        with wds.gopen(url, "rb") as stream, _Tar.open(fileobj=stream, mode="r|*") as tar:
+        with _open_at(url, offset) as (stream, base), _Tar.open(fileobj=stream, mode="r|*") as tar:
             for info in tar:
                 tar.members = []  # a stream is read once: keep no index of its members
+                at = base + info.offset
+                if at < offset:  # a stream that cannot seek: read up to the sample
+                    continue
                 if not info.isreg():
                     continue
                 key, ext = member_key(info.name)
                 if sample is None or key != sample.key:
                     if sample is not None:
+                        sample.end = at
                         yield sample
-                    sample = Sample(url, key, {})
+                    sample = Sample(url, key, {}, offset=at)
                 if ext.lower() in sample.members:
                     raise DataError(f"{sample.where}: member {info.name} appears twice")
                 member = tar.extractfile(info)
@@ -215,6 +225,8 @@ def read_shard(url: str) -> Iterator[Sample]:
                 sample.members[ext.lower()] = member.read()
             if not isinstance(tar.end, _END_OF_ARCHIVE):
                 raise tarfile.ReadError("no end-of-archive mark")
+            if sample is not None:
+                sample.end = base + tar.offset
     except (OSError, EOFError, tarfile.TarError) as e:  # IO, tar and decompression errors
         if isinstance(e.__context__, GeneratorExit):
             return  # closed before the end, and the pipe: command complained: nothing is lost
@@ -223,6 +235,22 @@ def read_shard(url: str) -> Iterator[Sample]:
         sample.cut = f"{sample.where}: the shard is cut off in this sample: {read_error(e)}"
     if sample is not None:
         yield sample
+
+
+@contextmanager
+def _open_at(url: str, offset: int) -> Iterator[tuple[IO[bytes], int]]:
+    """The shard's bytes, and the offset they start at: a local plain tar seeks to ``offset``,
+    so that a resumed stream costs the same at any step; a compressed or remote shard (pipe:,
+    http:) starts at 0, and read_shard passes over what comes before ``offset``."""
+    path = local_path(url)
+    with wds.gopen(url, "rb") as stream:
+        base = 0
+        if offset and path is not None:
+            first_header = stream.read(tarfile.BLOCKSIZE)
+            if first_header[257:262] == b"ustar":  # a tar header, not gzip's or zstd's bytes
+                base = offset
+            stream.seek(base)
+        yield stream, base
 
 
 def longest_sample(urls: list[str], key: str) -> int:

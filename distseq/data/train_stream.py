@@ -17,21 +17,23 @@ lanes: row b of its successive batches carries on one video window after window,
 video ends the lane takes the next one and sets ``Batch.starts[b]``. Augmentation is drawn once
 per video. (The config refuses ``length_buckets`` here: a lane cannot wait for a bucket.)
 
-DataLoader hands out batch i from worker i % workers, so ``Batch.worker`` = i % workers. A resumed
-run passes ``skip_batches`` (and the ids its skipped batches reported as bad): each worker then
-reads, validates and draws from its RNGs exactly as before, but decodes only the samples that
-were bad, until it has passed over its share of the skipped batches.
+DataLoader hands out batch i from worker i % workers, so ``Batch.worker`` = i % workers. Each
+batch carries its worker's position after it (``Batch.position``: the RNG state, where the
+worker's shards stand, byte offsets of the samples in its shuffle buffer, its pending windows or
+lanes): a resumed run passes each worker's last position (:class:`Resume`), and the worker seeks
+to those samples and goes on as the uninterrupted stream would, at the same cost at any step.
+A position is about 8 KB; the shuffle buffer's samples are read again, a seek each.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import random
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import astuple, dataclass, field
+from typing import Any
 
 import torch
-import webdataset as wds
 
 from distseq.config import DataConfig
 from distseq.data import augment
@@ -39,7 +41,7 @@ from distseq.data.batch import Batch, Part, collate
 from distseq.data.decode import Video, check_sample, decode, jpeg_size, stack
 from distseq.data.loader import Stream, loader, on_error, worker_slot
 from distseq.data.manifest import Manifest, load_manifest
-from distseq.data.tar import Sample, check_shards_exist, expand, read_shard
+from distseq.data.tar import Sample, check_shards_exist, expand, read_shard, shard_name
 from distseq.errors import DataError
 
 
@@ -47,8 +49,8 @@ from distseq.errors import DataError
 class _Window:
     """Frames [start, start + window) of a video, decoded when first needed."""
 
-    key: str
-    where: str
+    video: Video
+    start: int
     jpegs: list[tuple[int, bytes]]
     labels: list[int]
     params: augment.Params | None  # None: features, nothing to augment
@@ -64,7 +66,7 @@ class _Window:
         jpegs = self.jpegs[held]
         if not jpegs:  # a slice past this window's end (Part)
             return []
-        decoded = decode(jpegs, self.where)
+        decoded = decode(jpegs, self.video.where)
         height, width = decoded[0].shape[1:]
         frames: torch.Tensor | list[torch.Tensor] = decoded
         if not augment.changes_nothing(self.params, height, width, size):
@@ -84,25 +86,130 @@ class _Lane:
     start: int = 0  # of its next window
 
 
-class _TrainWorker:
-    """One worker's share of a train stream: its samples, RNG, error policy and fast-forward."""
+@dataclass
+class _Cursor:
+    """Where a (rank, worker) slot's samples stand: the next one is at byte ``offset`` (-1: none
+    left) of shard ``shard`` of the slot's shards in epoch ``epoch``, after ``read`` samples."""
 
-    def __init__(self, stream: _TrainStream, worker: int, workers: int, todo: int) -> None:
-        self.cfg, self.num_classes, self.bad = stream.cfg, stream.num_classes, stream.bad
+    epoch: int = 0
+    shard: int = 0
+    offset: int = 0
+    read: int = 0
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed stream starts: ``batches`` taken before (the workers' turns go on from
+    there), and each stream worker's ``Batch.position`` after the last of them it made. A worker
+    without one starts from the beginning (it made none of those batches)."""
+
+    batches: int = 0
+    positions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # No usable positions (saved before them, or with other data.num_workers): the stream starts
+    # anew, shuffled with this tag, so that it does not repeat the run's first batches.
+    afresh: str = ""
+
+
+def resume_problem(
+    cfg: DataConfig, positions: dict[int, dict[str, Any]], batches: int
+) -> str | None:
+    """Why the saved stream ``positions`` cannot continue the stream exactly after ``batches``
+    batches (None: they can): each worker that made one of them needs its position, taken over
+    the same shards."""
+    workers = max(1, cfg.num_workers)
+    made = range(min(batches, workers))
+    if any(w not in positions for w in made):
+        return f"it holds no stream position for each of data.num_workers={cfg.num_workers}"
+    shards = _shards_id(expand(cfg.train, "data.train", "train"))
+    if any(positions[w]["shards"] != shards for w in made):
+        return "data.train lists other shards than when it was saved"
+    return None
+
+
+def _params(values: list[Any] | None) -> augment.Params | None:
+    return None if values is None else augment.Params(*values)
+
+
+def _shards_id(urls: list[str]) -> str:
+    """The shard list, by file name: a position names its shards by their index in it."""
+    return hashlib.sha1("\n".join(map(shard_name, urls)).encode()).hexdigest()[:16]
+
+
+class _TrainWorker:
+    """One worker's share of a train stream: its samples, RNG, shuffle buffer, error policy and
+    position."""
+
+    def __init__(self, stream: _TrainStream, worker: int, workers: int) -> None:
+        self.cfg, self.num_classes = stream.cfg, stream.num_classes
         self.feature_dim = stream.feature_dim
+        self.urls, self.shards = stream.urls, _shards_id(stream.urls)
+        self.index = {url: i for i, url in enumerate(stream.urls)}
         # A bad frame is found where it is decoded. Under a sequence split every rank of a group
         # must skip the same samples, so with on_error=skip each decodes every frame to check
         # them (and holds its part); with raise, a bad frame stops the run on whichever rank
         # decodes it, and each decodes its part alone.
         self.check_whole = stream.part is None or self.cfg.on_error == "skip"
         self.max_bad_run = stream.max_bad_run
-        self.rng = random.Random(f"distseq-samples:{stream.seed}:{stream.rank}:{worker}")
-        buf = self.cfg.shuffle_buffer
-        shuffle = wds.shuffle(buf, initial=buf, rng=self.rng)
-        self.samples: Iterator[Sample] = shuffle(stream.samples(worker, workers))
-        self.todo = todo  # batches still to pass over undecoded
+        tag = stream.resume.afresh
+        self.rng = random.Random(f"distseq-samples:{stream.seed}{tag}:{stream.rank}:{worker}")
+        self.cursor = _Cursor()
+        self.buffer: list[Sample] = []  # the shuffle buffer
+        self.pending: dict[int, list[_Window]] = {}  # random windows, by length bucket
+        self.lanes: list[_Lane | None] = [None] * self.cfg.batch_size  # ordered mode
         self.skipped: list[str] = []  # ids of bad samples since the previous batch
         self.bad_run = 0
+        position = stream.resume.positions.get(worker)
+        if position is not None:
+            self._restore(position)
+        self.source = stream.samples(worker, workers, self.cursor)
+
+    def position(self) -> dict[str, Any]:
+        """Where this worker stands between two batches, in what ``torch.load`` reads back with
+        ``weights_only``: samples by (shard index, byte offset), nothing decoded."""
+        return {
+            "shards": self.shards,
+            "rng": self.rng.getstate(),
+            "cursor": list(astuple(self.cursor)),
+            "buffer": [[self.index[s.url], s.offset] for s in self.buffer],
+            "pending": [
+                self._ref(w.video, w.start, w.params) for r in self.pending.values() for w in r
+            ],
+            "lanes": [
+                None if ln is None else self._ref(ln.video, ln.start, ln.params)
+                for ln in self.lanes
+            ],
+            "bad_run": self.bad_run,
+        }
+
+    def _ref(self, video: Video, start: int, params: augment.Params | None) -> list[Any]:
+        url, offset = video.source
+        return [self.index[url], offset, start, None if params is None else list(astuple(params))]
+
+    def _restore(self, position: dict[str, Any]) -> None:
+        """Back to ``position``: the samples it names are read again, a seek each."""
+        version, state, gauss = position["rng"]
+        self.rng.setstate((version, tuple(state), gauss))
+        self.cursor = _Cursor(*position["cursor"])
+        self.buffer = [self._sample(shard, offset) for shard, offset in position["buffer"]]
+        for ref in position["pending"]:
+            window = self._restored_window(ref)
+            self.pending.setdefault(self._bucket(window), []).append(window)
+        for b, ref in enumerate(position["lanes"]):
+            if ref is not None:
+                shard, offset, start, params = ref
+                video = self._video(self._sample(shard, offset))
+                self.lanes[b] = _Lane(video, _params(params), start)
+        self.bad_run = position["bad_run"]
+
+    def _sample(self, shard: int, offset: int) -> Sample:
+        return next(read_shard(self.urls[shard], offset))
+
+    def _restored_window(self, ref: list[Any]) -> _Window:
+        shard, offset, start, params = ref
+        video = self._video(self._sample(shard, offset))
+        window = self._window(video, start, _params(params))
+        assert window is not None, "a window its position holds was good when it was saved"
+        return window
 
     def batches(self) -> Iterator[list[_Window]]:
         return self._lanes() if self.cfg.ordered else self._buckets()
@@ -110,27 +217,28 @@ class _TrainWorker:
     def _buckets(self) -> Iterator[list[_Window]]:
         """A random window per video, batched in shuffle order within its length bucket."""
         cfg = self.cfg
-        pending: dict[int, list[_Window]] = {}
         while True:
             video = self.video()
             start = self.rng.randint(0, max(0, len(video.labels) - cfg.window)) if cfg.window else 0
             window = self._window(video, start, None)
             if window is None:
                 continue
-            buckets = cfg.length_buckets
-            bucket = (len(window.labels) - 1) * buckets // cfg.window if buckets else 0
-            rows = pending.setdefault(bucket, [])
+            bucket = self._bucket(window)
+            rows = self.pending.setdefault(bucket, [])
             rows.append(window)
             if len(rows) == cfg.batch_size:
-                yield pending.pop(bucket)
+                yield self.pending.pop(bucket)
+
+    def _bucket(self, window: _Window) -> int:
+        buckets = self.cfg.length_buckets
+        return (len(window.labels) - 1) * buckets // self.cfg.window if buckets else 0
 
     def _lanes(self) -> Iterator[list[_Window]]:
         """Ordered mode: row b of each batch carries on lane b's video, window after window."""
         cfg = self.cfg
-        lanes: list[_Lane | None] = [None] * cfg.batch_size
         while True:
             rows = []
-            for b, lane in enumerate(lanes):
+            for b, lane in enumerate(self.lanes):
                 while True:
                     if lane is None or lane.start >= len(lane.video.labels):
                         lane = _Lane(self.video())
@@ -139,20 +247,30 @@ class _TrainWorker:
                         break
                     lane = None  # a bad frame: the rest of its video goes too
                 lane.params, lane.start = window.params, lane.start + cfg.window
-                lanes[b] = lane
+                self.lanes[b] = lane
                 rows.append(window)
             yield rows
 
     def video(self) -> Video:
         """The next valid video in shuffle order."""
         while True:
-            sample = next(self.samples)
+            sample = self._next_sample()
             try:
-                return check_sample(
-                    sample, self.num_classes, self.cfg.frame_stride, self.feature_dim
-                )
+                return self._video(sample)
             except DataError as e:
                 self._fail(sample.id, e)
+
+    def _next_sample(self) -> Sample:
+        """A sample picked at random from the shuffle buffer, refilled to data.shuffle_buffer
+        first: webdataset's shuffle (``initial`` = its size), with its contents in view."""
+        while len(self.buffer) < self.cfg.shuffle_buffer:
+            self.buffer.append(next(self.source))
+        k = self.rng.randint(0, len(self.buffer) - 1)
+        self.buffer[k], self.buffer[-1] = self.buffer[-1], self.buffer[k]
+        return self.buffer.pop()
+
+    def _video(self, sample: Sample) -> Video:
+        return check_sample(sample, self.num_classes, self.cfg.frame_stride, self.feature_dim)
 
     def _window(self, video: Video, start: int, params: augment.Params | None) -> _Window | None:
         """The window at ``start``, with ``params`` or (None) a fresh draw; None if it is bad.
@@ -165,12 +283,10 @@ class _TrainWorker:
                 size = jpeg_size(video.where, jpegs[0])
                 params = augment.draw(cfg.augment, self.rng, *size)
             first = start == 0 or not cfg.ordered
-            window = _Window(video.key, video.where, jpegs, video.labels[start:stop], params, first)
+            window = _Window(video, start, jpegs, video.labels[start:stop], params, first)
             if video.features is not None:
                 window.frames = video.features[start:stop]
-            # Passing over batches, decode only the samples that were bad then, to see if they
-            # are bad here: a window of a long video can be fine where another one was not.
-            if (not self.todo and self.check_whole) or video.id in self.bad:
+            if self.check_whole:
                 window.decode(cfg.size)
         except DataError as e:
             self._fail(video.id, e)
@@ -198,59 +314,64 @@ class _TrainStream(Stream):
         seed: int,
         rank: int,
         world: int,
-        skip: int,
-        bad: frozenset[str],
+        resume: Resume,
         part: Part | None,
     ) -> None:
         self.cfg, self.urls, self.num_classes = cfg, urls, manifest.num_classes
         self.feature_dim = manifest.feature_dim  # feature shards: the feature size
         self.seed, self.rank, self.world = seed, rank, world
-        self.skip, self.bad, self.part = skip, bad, part
+        self.resume, self.part = resume, part
         total = sum(info.samples for info in manifest.shards.values() if info.split == "train")
         self.max_bad_run = max(total, 1)
 
-    def _epochs(self, first: int, step: int) -> Iterator[Sample]:
-        """Samples of shards first, first + step, ... of each epoch's shard order, forever."""
-        for epoch in itertools.count():
-            order = list(self.urls)
-            # Same seed on every rank, so the ranks' slices partition each epoch. The rank is
-            # fixed in the main process rather than re-read in the worker (as wds.split_by_node
-            # does, from env vars first), so the split and the RNG seeds cannot disagree.
-            random.Random(f"distseq-shards:{self.seed}:{epoch}").shuffle(order)
-            count = 0
-            for url in order[first::step]:
-                for sample in read_shard(url):
-                    count += 1
-                    yield sample
-            if count == 0:  # an empty shard set would make this loop spin without yielding
-                raise DataError(f"train shards {', '.join(order[first::step])} hold no samples")
+    def samples(self, worker: int, workers: int, cursor: _Cursor) -> Iterator[Sample]:
+        """The samples of one (rank, worker) slot from ``cursor`` on, forever, moving it past
+        each before it is yielded; all slots split each epoch.
 
-    def samples(self, worker: int, workers: int) -> Iterator[Sample]:
-        """The samples of one (rank, worker) slot, forever; all slots split each epoch."""
+        The shard list is shuffled per epoch with the same seed on every rank, so the ranks'
+        slices partition each epoch. The rank is fixed in the main process rather than re-read
+        in the worker (as wds.split_by_node does, from env vars first), so the split and the RNG
+        seeds cannot disagree. With at least as many shards as slots, each slot reads its own
+        (order[rank::world][worker::workers]); with fewer, every slot reads them all and keeps
+        every slots-th sample, counting over epochs, so each slot gets samples even if an epoch
+        has fewer."""
         slots, slot = self.world * workers, self.rank + self.world * worker
-        if len(self.urls) >= slots:
-            return self._epochs(slot, slots)  # = order[rank::world][worker::workers]
-        # Fewer shards than slots: every slot reads them all and keeps every slots-th sample. The
-        # count runs on over epochs, so each slot gets samples even if an epoch has fewer.
-        return itertools.islice(self._epochs(0, 1), slot, None, slots)
+        first, step, keep = (slot, slots, 1) if len(self.urls) >= slots else (0, 1, slots)
+        while True:
+            order = list(range(len(self.urls)))
+            random.Random(f"distseq-shards:{self.seed}{self.resume.afresh}:{cursor.epoch}").shuffle(
+                order
+            )
+            mine = order[first::step]
+            whole, read = cursor.shard == cursor.offset == 0, cursor.read
+            while cursor.shard < len(mine):
+                for sample in read_shard(self.urls[mine[cursor.shard]], cursor.offset):
+                    cursor.read += 1
+                    cursor.offset = -1 if sample.cut else sample.end  # a cut sample comes last
+                    if (cursor.read - 1) % keep == slot % keep:
+                        yield sample
+                cursor.shard, cursor.offset = cursor.shard + 1, 0
+            if whole and cursor.read == read:  # an empty shard set would spin without yielding
+                names = ", ".join(self.urls[i] for i in mine)
+                raise DataError(f"train shards {names} hold no samples")
+            cursor.epoch, cursor.shard = cursor.epoch + 1, 0
 
     def __iter__(self) -> Iterator[Batch]:
         loader_worker, workers = worker_slot()
         # DataLoader takes batch i from its worker i % workers, starting at worker 0. After
-        # `skip` batches, worker j plays worker (j + skip) % workers of the uninterrupted stream
-        # and passes over that one's share of them: batch i here is batch skip + i there.
-        worker = (loader_worker + self.skip) % workers
-        state = _TrainWorker(self, worker, workers, (self.skip - worker + workers - 1) // workers)
+        # `batches` batches, worker j plays worker (j + batches) % workers of the uninterrupted
+        # stream, from that one's position: batch i here is batch batches + i there.
+        worker = (loader_worker + self.resume.batches) % workers
+        state = _TrainWorker(self, worker, workers)
         size = self.cfg.size
         for windows in state.batches():
             skipped, state.skipped = state.skipped, []
-            if state.todo:
-                state.todo -= 1
-                continue
             part = self.part
             held = part.held(max(len(w.labels) for w in windows)) if part else slice(None)
-            rows = [(w.key, w.decode(size, held), w.labels, w.first) for w in windows]
-            yield collate(rows, size, skipped, worker, self.feature_dim, part)
+            rows = [(w.video.key, w.decode(size, held), w.labels, w.first) for w in windows]
+            batch = collate(rows, size, skipped, worker, self.feature_dim, part)
+            batch.position = state.position()
+            yield batch
 
 
 def train_batches(
@@ -258,27 +379,24 @@ def train_batches(
     seed: int,
     rank: int = 0,
     world: int = 1,
-    skip_batches: int = 0,
-    bad: Collection[str] = (),
+    resume: Resume | None = None,
     part: Part | None = None,
 ) -> Iterator[Batch]:
     """Data-parallel rank ``rank`` of ``world``'s infinite stream of training batches;
     deterministic for (seed, rank, world, workers). ``part``: under a sequence split, this rank's
     part of every batch's frames, all it holds and decodes; the same batches otherwise.
 
-    ``skip_batches``: start right after the stream's first so many batches, which are read and
-    drawn for but not decoded, so a resumed run gets the batches an uninterrupted one would.
-    ``bad``: the ids in ``Batch.skipped`` of those batches; only these samples are decoded while
-    passing over them, to find where they failed.
+    ``resume``: start where a stream stopped, from the positions its batches carried, so a
+    resumed run gets the batches an uninterrupted one would (:func:`resume_problem` says whether
+    positions can; a seek per sample they name, whatever the step).
     """
-    if skip_batches < 0:
-        raise ValueError(f"skip_batches={skip_batches}: must be >= 0")
+    resume = resume or Resume()
+    if resume.batches < 0:
+        raise ValueError(f"resume.batches={resume.batches}: must be >= 0")
     urls = expand(cfg.train, "data.train", "train")
     check_shards_exist(urls)
     manifest = load_manifest(cfg)
     if not 0 <= rank < world:
         raise ValueError(f"rank={rank} of world={world}: must be in [0, world)")
-    stream = _TrainStream(
-        cfg, urls, manifest, seed, rank, world, skip_batches, frozenset(bad), part
-    )
+    stream = _TrainStream(cfg, urls, manifest, seed, rank, world, resume, part)
     return loader(stream, cfg.num_workers)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ from distseq.config import Config, Offload, to_yaml, with_absolute_paths
 from distseq.data.batch import Batch, Part
 from distseq.data.manifest import Manifest, load_manifest
 from distseq.data.tar import expand, longest_sample, shard_name
-from distseq.data.train_stream import train_batches
+from distseq.data.train_stream import Resume, resume_problem, train_batches
 from distseq.data.val_stream import val_batches
 from distseq.errors import ConfigError, TrainingError, first_line
 from distseq.files import write_atomic
@@ -93,6 +94,7 @@ class Run:
     first_step: int  # this leg's
     last_step: int  # this leg's: train.stop_after or train.steps
     skipped: list[str]  # bad samples this rank's stream skipped, from the start of the run
+    streams: dict[int, dict[str, Any]]  # each loader worker's position after its last batch taken
     carries: dict[int, Carry] | None  # data.ordered: the RNN state of each loader worker's lanes
     nodes: list[Node]  # the group's hosts, [] on one
     loss: Loss
@@ -277,6 +279,7 @@ def _set_up(cfg: Config, info: DistInfo) -> Run:
         first_step=position.step + 1,
         last_step=min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps),
         skipped=list(saved.skipped),  # grows; rank_state stays what was read back
+        streams=dict(saved.streams),
         carries=_carries(cfg, saved, info.device),
         nodes=found,
         loss=loss,
@@ -351,18 +354,11 @@ def _carries(cfg: Config, saved: RankState, device: torch.device) -> dict[int, C
 def _batches(run: Run) -> Iterator[Batch]:
     """This rank's training batches from the run's position on, with the RNG states restored."""
     cfg, info = run.cfg, run.info
-    # The stream is deterministic for its seed; it seeks past the batches already trained on
-    # without decoding them, given which samples turned out bad on the way.
     rank, world = info.data_rank(cfg.parallel.sequence)  # a sequence group shares its batches
     stream = train_batches(
-        cfg.data,
-        seed=run.position.seed,
-        rank=rank,
-        world=world,
-        skip_batches=run.position.batches,
-        bad=set(run.skipped),
+        cfg.data, seed=run.position.seed, rank=rank, world=world, resume=_resume(run),
         part=run.part,
-    )
+    )  # fmt: skip
     stream = itertools.chain([next(stream)], stream)
     if run.resumed is not None:
         # Only now: starting the loader just above drew its workers' base seed from torch's
@@ -377,6 +373,21 @@ def _batches(run: Run) -> Iterator[Batch]:
         else:
             say(f"memory.offload=frames: whole videos in host memory, {format_size(frame)} a frame")
     return stream
+
+
+def _resume(run: Run) -> Resume:
+    """Where this rank's stream goes on: from the positions the run's last batches carried; or,
+    where the checkpoint has none that fit, anew, saying so."""
+    batches, positions = run.position.batches, run.streams
+    problem = resume_problem(run.cfg.data, positions, batches) if batches else None
+    if problem is None:
+        return Resume(batches, positions)
+    assert run.resumed is not None  # a run from its start has taken no batch
+    say(
+        f"distseq: {run.resumed.path}: {problem}: the data stream starts anew here, so the "
+        "batches from here on differ from the saved run's"
+    )
+    return Resume(batches, afresh=f":{batches}")
 
 
 def _bar(run: Run) -> tqdm:
@@ -428,6 +439,7 @@ def _step(run: Run, stream: Iterator[Batch], step: int, log: MetricsLog, bar: tq
     metrics["data_wait_fraction"] = (start - asked) / (start - asked + seconds)
     run.metrics = metrics
     run.skipped += [bad for batch in batches for bad in batch.skipped]
+    run.streams.update((b.worker, b.position) for b in batches if b.position is not None)
     # A refresh per step floods logs.
     bar.set_postfix(loss=f"{loss:.4f}", fps=f"{real_frames / seconds:.0f}", refresh=False)
     bar.update()
@@ -473,7 +485,8 @@ def _validate(run: Run, step: int, log: MetricsLog) -> bool:
 def _save(run: Run) -> None:
     """A checkpoint at the run's position; every rank takes part."""
     held = (run.carries or {}).items()
-    rank_state = RankState(run.skipped, {w: c.state for w, c in held if c.state is not None})
+    carries = {w: c.state for w, c in held if c.state is not None}
+    rank_state = RankState(run.skipped, carries, run.streams)
     cfg = run.cfg
     best = None if run.selection is None else run.best
     save_checkpoint(

@@ -6,6 +6,7 @@ import json
 import re
 import tarfile
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import replace
 from itertools import islice, pairwise
 from pathlib import Path
@@ -19,8 +20,8 @@ from distseq.data import train_stream
 from distseq.data.batch import IGNORE_INDEX, Batch, Part, empty_batch, slices
 from distseq.data.manifest import load_manifest
 from distseq.data.synthetic import MARKER_FRAMES, encode_sample, sequences, write_synthetic
-from distseq.data.tar import longest_sample
-from distseq.data.train_stream import train_batches
+from distseq.data.tar import Sample, longest_sample
+from distseq.data.train_stream import Resume, resume_problem, train_batches
 from distseq.data.val_stream import val_batches
 from distseq.errors import DataError
 from streams import (
@@ -347,42 +348,102 @@ def _with_bad_frames(root: Path) -> DataConfig:
     return replace(cfg, window=6, batch_size=2, shuffle_buffer=3, on_error="skip")
 
 
-@pytest.mark.parametrize("ordered", [False, True])
+def _resume(batches: list[Batch]) -> Resume:
+    """Where a run that took ``batches`` goes on: each worker's position after its last one."""
+    return Resume(len(batches), {b.worker: b.position for b in batches if b.position})
+
+
+def _same(got: list[Batch], want: list[Batch]) -> None:
+    assert len(got) == len(want)
+    for i, (mine, theirs) in enumerate(zip(got, want, strict=True)):
+        assert (mine.keys, mine.skipped, mine.worker) == (
+            theirs.keys,
+            theirs.skipped,
+            theirs.worker,
+        )
+        for name in ("labels", "mask", "starts", "frames"):
+            assert torch.equal(getattr(mine, name), getattr(theirs, name)), (i, name)
+        assert mine.position == theirs.position, i
+
+
+# Random windows, random windows batched by length bucket (windows wait in a worker between
+# batches), and ordered lanes (a video carried on across batches).
+MODES: dict[str, dict[str, object]] = {
+    "random": {},
+    "buckets": {"length_buckets": 3, "window": 14},
+    "ordered": {"ordered": True},
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("workers", [0, 2])
-def test_resume_skips_to_the_same_batches(tmp_path: Path, workers: int, ordered: bool) -> None:
-    cfg = replace(_with_bad_frames(tmp_path), num_workers=workers, ordered=ordered)
+def test_resume_goes_on_with_the_same_batches(tmp_path: Path, workers: int, mode: str) -> None:
+    """From the positions its batches carried, bad samples skipped on the way included."""
+    cfg = replace(_with_bad_frames(tmp_path), num_workers=workers, **MODES[mode])
     n = 14
     full = list(islice(train_batches(cfg, seed=7), n))
-    k = max(5, 1 + next(i for i, b in enumerate(full) if b.skipped))
+    # Past a skipped sample; in buckets, where windows wait for theirs.
+    k = next(
+        k
+        for k in range(max(5, 1 + next(i for i, b in enumerate(full) if b.skipped)), n)
+        if mode != "buckets" or any(p["pending"] for p in _resume(full[:k]).positions.values())
+    )
     assert k <= n - 4
-    bad = {sample for batch in full[:k] for sample in batch.skipped}
-    resumed = list(islice(train_batches(cfg, seed=7, skip_batches=k, bad=bad), n - k))
-    for i, (want, got) in enumerate(zip(full[k:], resumed, strict=True), start=k):
-        assert (got.keys, got.skipped, got.worker) == (want.keys, want.skipped, want.worker), i
-        for name in ("labels", "mask", "starts", "frames"):
-            assert torch.equal(getattr(got, name), getattr(want, name)), (i, name)
+    _same(list(islice(train_batches(cfg, seed=7, resume=_resume(full[:k])), n - k)), full[k:])
 
 
-@pytest.mark.parametrize("ordered", [False, True])
-def test_resume_decodes_nothing_it_skips(
-    shards: Path, monkeypatch: pytest.MonkeyPatch, ordered: bool
+@pytest.mark.parametrize("mode", ["random", "ordered"])
+def test_a_far_resume_costs_what_a_near_one_does(
+    shards: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    decoded: list[str] = []
-    real = train_stream.decode
+    """Resumed after 3 batches or after 60 (ten epochs), a stream reads no more samples than its
+    position names and its next batches take, and goes on exactly; under a sequence split too,
+    where a rank holds its part of the frames."""
+    read: list[str] = []
+    real = train_stream.read_shard
 
-    def counting(
-        jpegs: list[tuple[int, bytes]], where: str, size: int | None = None
-    ) -> torch.Tensor:
-        decoded.append(where)
-        return real(jpegs, where, size)
+    def counting(url: str, offset: int = 0) -> Iterator[Sample]:
+        for sample in real(url, offset):
+            read.append(sample.id)
+            yield sample
 
-    monkeypatch.setattr(train_stream, "decode", counting)
-    cfg = stream_config(shards, ordered=ordered, window=4)
-    want = list(islice(train_batches(cfg, seed=2), 11))[-1]
-    decoded.clear()
-    got = next(train_batches(cfg, seed=2, skip_batches=10))
-    assert len(decoded) == cfg.batch_size  # the windows of the one batch yielded
-    assert got.keys == want.keys and torch.equal(got.frames, want.frames)
+    monkeypatch.setattr(train_stream, "read_shard", counting)
+    cfg = stream_config(shards, window=4, **MODES[mode])
+    far, near = 60, 3
+    full = list(islice(train_batches(cfg, seed=2), far + 2))
+    costs = []
+    for k in (near, far):
+        read.clear()
+        got = list(islice(train_batches(cfg, seed=2, resume=_resume(full[:k])), 2))
+        _same(got, full[k : k + 2])
+        costs.append(len(read))
+        for part in (Part(0, 2, 2), Part(1, 2, 2)):
+            mine = list(islice(train_batches(cfg, seed=2, resume=_resume(full[:k]), part=part), 2))
+            held = [slice(*slices(b.mask.shape[1], 2, 2)[part.index]) for b in full[k : k + 2]]
+            assert [b.keys for b in mine] == [b.keys for b in full[k : k + 2]]
+            for b, want, frames in zip(mine, full[k : k + 2], held, strict=True):
+                assert torch.equal(b.frames, want.frames[:, frames])
+    # The shuffle buffer, the windows or lanes held (a batch's worth at most), and what the two
+    # batches take: the same bound at either step (passing over 60 batches read 120 samples).
+    bound = cfg.shuffle_buffer + cfg.batch_size + 2 * cfg.batch_size
+    assert max(costs) <= bound, costs
+
+
+def test_a_resume_from_another_worker_count_says_why_it_starts_anew(shards: Path) -> None:
+    cfg = stream_config(shards, num_workers=2)
+    full = list(islice(train_batches(cfg, seed=2), 5))
+    assert resume_problem(cfg, _resume(full).positions, 5) is None
+    assert resume_problem(replace(cfg, num_workers=3), _resume(full).positions, 5) == (
+        "it holds no stream position for each of data.num_workers=3"
+    )
+    fewer = replace(cfg, train=str(shards / "train-{000000..000002}.tar"))
+    assert resume_problem(fewer, _resume(full).positions, 5) == (
+        "data.train lists other shards than when it was saved"
+    )
+    # Anew, a stream does not replay the run's first batches.
+    afresh = Resume(5, afresh=":5")
+    again = [b.keys for b in islice(train_batches(cfg, seed=2, resume=afresh), 5)]
+    assert again != [b.keys for b in full]
 
 
 def _cut(cfg: DataConfig, member: str, at: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 from distseq.config import DataConfig
 from distseq.data.manifest import find_manifest
 from distseq.data.tar import EVERY_SPLIT, expand, is_shard_folder
-from distseq.data.train_stream import train_batches
+from distseq.data.train_stream import Resume, train_batches
 from distseq.errors import ConfigError, DataError
 
 PATTERN = "train-{000000..000003}.tar"  # the conftest shards: 4 train shards of 2 sequences
@@ -90,6 +90,20 @@ def _url(kind: str, name: str, shards: Path, request: pytest.FixtureRequest) -> 
         return f"pipe:cat {shards}/{name}"
     # Looked up only here, so that without curl just the http cases fail.
     return f"{request.getfixturevalue('http_root')}/{name}"
+
+
+@pytest.mark.parametrize("kind", ["file", "pipe"])
+def test_a_stream_of_shards_it_cannot_seek_in_resumes_too(
+    kind: str, shards: Path, request: pytest.FixtureRequest
+) -> None:
+    """A pipe: shard cannot seek: a resumed stream reads up to the samples its position names."""
+    first, last = _url(kind, "train-000000.tar", shards, request).rsplit("train-000000", 1)
+    cfg = _cfg(f"{first}train-{{000000..000003}}{last}", str(shards / "index.json"))
+    full = list(islice(train_batches(cfg, seed=3), 5))
+    positions = {b.worker: b.position for b in full[:3] if b.position}
+    assert all(p["buffer"] and any(o for _, o in p["buffer"]) for p in positions.values())
+    resumed = train_batches(cfg, seed=3, resume=Resume(3, positions))
+    assert [b.keys for b in islice(resumed, 2)] == [b.keys for b in full[3:]]
 
 
 @pytest.mark.parametrize("kind", ["file", "pipe", "http"])
