@@ -1,5 +1,5 @@
-"""``distseq bench memory|compare|data|protocols|traffic|gpu|heads|recipes``: benchmarks that print
-numbers; their options, each a thin run over its module."""
+"""``distseq bench memory|compare|data|resume|protocols|traffic|gpu|heads|recipes``: benchmarks
+that print numbers; their options, each a thin run over its module."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from distseq.bench.memory import MemoryBench, bench_memory
 from distseq.bench.protocols import ProtocolsBench, bench_protocols
 from distseq.bench.recipes.run import bench_recipes
 from distseq.bench.recipes.trainings import RECIPES, STAGE3, RecipesBench
+from distseq.bench.resume import ResumeBench, bench_resume
 from distseq.bench.traffic import TrafficBench, bench_traffic
 from distseq.config import Recompute
 from distseq.errors import ConfigError
@@ -32,6 +33,7 @@ def add_parser(sub: Subparsers) -> None:
     _add_memory(bench_sub)
     _add_compare(bench_sub)
     _add_data(bench_sub)
+    _add_resume(bench_sub)
     _add_protocols(bench_sub)
     _add_traffic(bench_sub)
     _add_gpu(bench_sub)
@@ -104,6 +106,22 @@ def _add_data(sub: Subparsers) -> None:
     )
     p.add_argument("--json", action="store_true", help="one JSON record per case")
     p.set_defaults(run=lambda args: bench_data(_options(DataBench, args)))
+
+
+def _add_resume(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "resume", help="seconds a relaunched run takes to its first step, near and far into a run"
+    )
+    p.add_argument("--out", default="runs/bench-resume", help="where the task's data and runs go")
+    p.add_argument(
+        "--steps", type=int, nargs="+", default=[10, 1000], help="resume at each of these steps"
+    )
+    p.add_argument(
+        "--train-sequences", type=int, default=256, help="the demo task's training videos"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON record per step")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the demo's config")
+    p.set_defaults(run=lambda args: bench_resume(_options(ResumeBench, args)))
 
 
 def _add_protocols(sub: Subparsers) -> None:

@@ -77,7 +77,7 @@ def _sequences(manifest: Manifest) -> tuple[int, int]:
     return train, sum(s.samples for s in manifest.shards.values()) - train
 
 
-def _task_shards(data: Path, train: int, val: int) -> list[str]:
+def task_shards(data: Path, train: int, val: int) -> list[str]:
     """The ``data.train`` and ``data.val`` overrides for the task's shards in ``data``, written
     unless a previous demo left them there with the same numbers of sequences."""
     index = data / "index.json"
@@ -96,7 +96,7 @@ def run_demo(
     out_dir: str, overrides: list[str], train_seqs: int, val_seqs: int
 ) -> list[DemoRecord]:
     out = Path(out_dir)
-    shards = _task_shards(out / "data", train_seqs, val_seqs)
+    shards = task_shards(out / "data", train_seqs, val_seqs)
     records = []
     for name, extra in MODELS.items():
         print(f"\n== {name}", flush=True)
