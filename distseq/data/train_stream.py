@@ -123,7 +123,20 @@ def resume_problem(
     shards = _shards_id(expand(cfg.train, "data.train", "train"))
     if any(positions[w]["shards"] != shards for w in made):
         return "data.train lists other shards than when it was saved"
+    now = _shaping(cfg)
+    changed = {k for w in made for k, v in positions[w]["data"].items() if now.get(k) != v}
+    if changed:
+        return f"{', '.join(f'data.{k}' for k in sorted(changed))} changed since it was saved"
     return None
+
+
+# The data keys a position is laid out by (its lanes, windows and buffer): with another value
+# it cannot be continued.
+_SHAPING = ("window", "batch_size", "shuffle_buffer", "frame_stride", "length_buckets", "ordered")
+
+
+def _shaping(cfg: DataConfig) -> dict[str, Any]:
+    return {key: getattr(cfg, key) for key in _SHAPING}
 
 
 def _params(values: list[Any] | None) -> augment.Params | None:
@@ -168,6 +181,7 @@ class _TrainWorker:
         ``weights_only``: samples by (shard index, byte offset), nothing decoded."""
         return {
             "shards": self.shards,
+            "data": _shaping(self.cfg),
             "rng": self.rng.getstate(),
             "cursor": list(astuple(self.cursor)),
             "buffer": [[self.index[s.url], s.offset] for s in self.buffer],

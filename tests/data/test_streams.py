@@ -440,6 +440,10 @@ def test_a_resume_from_another_worker_count_says_why_it_starts_anew(shards: Path
     assert resume_problem(fewer, _resume(full).positions, 5) == (
         "data.train lists other shards than when it was saved"
     )
+    larger = replace(cfg, batch_size=3, shuffle_buffer=5)
+    assert resume_problem(larger, _resume(full).positions, 5) == (
+        "data.batch_size, data.shuffle_buffer changed since it was saved"
+    )
     # Anew, a stream does not replay the run's first batches.
     afresh = Resume(5, afresh=":5")
     again = [b.keys for b in islice(train_batches(cfg, seed=2, resume=afresh), 5)]
