@@ -159,12 +159,28 @@ def test_overrides_come_before_or_after_the_options(argv: list[str]) -> None:
     assert parse(argv).overrides == ["a=1", "b=2"]
 
 
-def test_an_unknown_option_is_refused_among_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv,unknown",
+    [
+        (["train", "c.yaml", "a=1", "--nodes", "4", "b=2"], "--nodes"),
+        # The issue's: the overrides before it, and its value, were named with it.
+        (["train", "c.yaml", "data.train=shards/", "--bogus-option", "3"], "--bogus-option"),
+        (
+            ["bench", "recipes", "c.yaml", "--bogus=-1", "--bogus-too", "-1", "a=1"],
+            "--bogus --bogus-too",
+        ),
+        (["bench", "traffic", "--sizes", "32"], "--sizes"),  # a command without overrides
+    ],
+)
+def test_an_unknown_option_is_named_alone(
+    argv: list[str], unknown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as stop:
-        parse(["train", "c.yaml", "a=1", "--nodes", "4", "b=2"])
+        parse(argv)
     assert stop.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        "distseq: error: unrecognized arguments: --nodes 4 b=2"
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"distseq: error: unrecognized option: {unknown}"
     )
 
 
