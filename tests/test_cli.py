@@ -240,6 +240,47 @@ def test_an_old_spelling_reads_as_the_new_one_with_a_notice(
 
 
 @pytest.mark.parametrize(
+    "argv,old,new",
+    [
+        (
+            ["shard", "in", "--out", "o", "--window", "10", "--sample-frames", "20"],
+            "--window",
+            "--sample-frames",
+        ),
+        (["bench", "heads", "--classes", "3", "--num-classes", "5"], "--classes", "--num-classes"),
+        # The new first, at its default: a value cannot tell that it was given.
+        (["bench", "heads", "--num-classes", "19", "--classes", "3"], "--classes", "--num-classes"),
+        (
+            ["bench", "traffic", "--chunks-per-sequence", "2", "--chunks", "4"],
+            "--chunks",
+            "--chunks-per-sequence",
+        ),
+    ],
+)
+def test_an_option_given_by_its_old_and_new_names_is_refused(
+    argv: list[str], old: str, new: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As config keys are (config.load): one of the two values would be taken silently."""
+    with pytest.raises(SystemExit) as stop:
+        parse(argv)
+    assert stop.value.code == 2
+    command = "distseq " + " ".join(argv[: 2 if argv[0] == "bench" else 1])
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said == f"{command}: error: {old} and {new} are one option: give only {new}"
+
+
+def test_an_option_s_value_is_shown_under_its_own_name() -> None:
+    """``--num-classes CLASSES`` in the help named the value by the old option."""
+    for name, parser in commands().items():
+        for action in parser._actions:
+            hidden = action.help == argparse.SUPPRESS or action.metavar is not None  # or chosen
+            if hidden or action.nargs == 0 or not action.option_strings:
+                continue
+            options = [o.lstrip("-").replace("-", "_").upper() for o in action.option_strings]
+            assert action.dest.upper() in options, (name, action.option_strings, action.dest)
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["predict", "RUN", "video.mp4"],
