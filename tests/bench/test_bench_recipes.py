@@ -151,6 +151,12 @@ def test_recipes_that_cannot_apply_are_refused_or_left_out(
     bad = replace(options(tmp_path), stage2=["data.window=-1"])
     with pytest.raises(ConfigError, match=r"^bench recipes, the head training: config key data"):
         checked(bad)
+    # Its train.select too: a score validation never logs was refused as the training started
+    # (with --slurm, after the queue and the earlier stages).
+    bad = replace(options(tmp_path), stage3=["train.select=max val_bogus"])
+    refused = r"^bench recipes, the stage3 training: config key train\.select='max val_bogus': "
+    with pytest.raises(ConfigError, match=refused):
+        checked(bad)
 
 
 def test_the_head_on_features_takes_none_of_the_frames_keys(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from conftest import tiny_config
 from distseq.checkpoint.export import load_checkpointed
 from distseq.checkpoint.sharded import resolve_checkpoint
 from distseq.config import load_config
+from distseq.errors import ConfigError
 from distseq.train.loop import train
 
 # Every step validated. lr 1e-9: the weights barely move, so the accuracy stays the same and no
@@ -31,6 +32,18 @@ def checkpoints(run: Path) -> set[str]:
 
 def pointer(run: Path, name: str) -> str:
     return (run / "checkpoints" / name).read_text().strip()
+
+
+def test_a_score_validation_never_logs_is_refused_without_data_val(
+    tmp_path: Path, shards: Path
+) -> None:
+    """It passed with a notice ("no data.val to validate on"): refused, as with data.val, since
+    no data.val makes it valid."""
+    config = tiny_config(tmp_path, shards)
+    refused = r"^config key train\.select='max val_bogus': validation logs no val_bogus; one of "
+    with pytest.raises(ConfigError, match=refused):
+        train(load_config(config, ["data.val=", "train.select=max val_bogus"]))
+    assert not (tmp_path / "run" / "checkpoints").exists()  # before any step
 
 
 @pytest.mark.slow
