@@ -5,6 +5,7 @@ both the best and the count; what loads a run takes its best."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,28 @@ def test_the_best_validation_is_kept_beside_the_last(tmp_path: Path, shards: Pat
     loaded = load_checkpointed(run)
     assert loaded.step == best
     assert loaded.which.startswith(f"step {best}, the best validation (min val_loss: ")
+
+
+@pytest.mark.slow
+def test_a_relaunch_whose_best_checkpoint_is_gone_says_so_and_selects_again(
+    tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The relaunch trained on silently, and its checkpoints' meta.json named the deleted
+    folder: export failed on the finished run."""
+    config = tiny_config(tmp_path, shards)
+    run, still = tmp_path / "run", [*EVERY, "optim.lr=1e-9", "train.steps=5"]
+    train(load_config(config, [*still, "train.stop_after=3"]))
+    assert pointer(run, "best") == "step_00000001"  # the accuracy stays: the first is kept
+    shutil.rmtree(run / "checkpoints" / "step_00000001")
+    capsys.readouterr()
+    train(load_config(config, still))
+    gone = run / "checkpoints" / "step_00000001"
+    said = f"{gone}, the best validation's checkpoint (step 1), is gone: the selection starts "
+    assert said in capsys.readouterr().err
+    assert pointer(run, "best") == "step_00000004"  # the first validation after the launch
+    meta = json.loads((run / "checkpoints" / "step_00000005" / "meta.json").read_text())
+    assert meta["best"]["step"] == 4
+    assert load_checkpointed(run).step == 4  # as export takes it
 
 
 @pytest.mark.slow
