@@ -16,6 +16,7 @@ from distseq.checkpoint.sharded import resolve_checkpoint
 from distseq.config import load_config
 from distseq.errors import ConfigError
 from distseq.train.loop import train
+from distseq.train.select import Selection
 
 # Every step validated. lr 1e-9: the weights barely move, so the accuracy stays the same and no
 # validation after the first beats it.
@@ -45,6 +46,16 @@ def test_a_score_validation_never_logs_is_refused_without_data_val(
     with pytest.raises(ConfigError, match=refused):
         train(load_config(config, ["data.val=", "train.select=max val_bogus"]))
     assert not (tmp_path / "run" / "checkpoints").exists()  # before any step
+
+
+@pytest.mark.parametrize("select,best", [("max val_loss", "min"), ("min val_jaccard", "max")])
+def test_a_selection_of_the_worst_validation_is_refused(select: str, best: str) -> None:
+    """Kept the worst checkpoint silently, found out after the run."""
+    metric = select.split()[1]
+    refused = f"^config key train\\.select='{select}': would keep the worst validation's "
+    with pytest.raises(ConfigError, match=refused + f"checkpoint: give '{best} {metric}'$"):
+        Selection.of(select, 0)
+    assert Selection.of(f"{best} {metric}", 0).highest == (best == "max")
 
 
 @pytest.mark.slow
