@@ -121,11 +121,25 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args, rest = parser.parse_known_args(argv)
-    if rest and hasattr(args, "overrides") and not any(a.startswith("-") for a in rest):
+    # The unknown options alone: the words after one may be its values or overrides, and
+    # argparse cannot tell which.
+    unknown = [a.split("=", 1)[0] for a in rest if a.startswith("-") and not _number(a)]
+    if unknown:
+        parser.error(f"unrecognized option: {' '.join(unknown)}")
+    if rest and hasattr(args, "overrides"):
         args.overrides = [*args.overrides, *rest]
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args
+
+
+def _number(word: str) -> bool:
+    """A negative number, such as an unknown option's value: not an option."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def _failed(message: str, code: int) -> int:

@@ -159,12 +159,28 @@ def test_overrides_come_before_or_after_the_options(argv: list[str]) -> None:
     assert parse(argv).overrides == ["a=1", "b=2"]
 
 
-def test_an_unknown_option_is_refused_among_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv,unknown",
+    [
+        (["train", "c.yaml", "a=1", "--nodes", "4", "b=2"], "--nodes"),
+        # The issue's: the overrides before it, and its value, were named with it.
+        (["train", "c.yaml", "data.train=shards/", "--bogus-option", "3"], "--bogus-option"),
+        (
+            ["bench", "recipes", "c.yaml", "--bogus=-1", "--bogus-too", "-1", "a=1"],
+            "--bogus --bogus-too",
+        ),
+        (["bench", "traffic", "--sizes", "32"], "--sizes"),  # a command without overrides
+    ],
+)
+def test_an_unknown_option_is_named_alone(
+    argv: list[str], unknown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as stop:
-        parse(["train", "c.yaml", "a=1", "--nodes", "4", "b=2"])
+        parse(argv)
     assert stop.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        "distseq: error: unrecognized arguments: --nodes 4 b=2"
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"distseq: error: unrecognized option: {unknown}"
     )
 
 
@@ -221,6 +237,47 @@ def test_an_old_spelling_reads_as_the_new_one_with_a_notice(
         a for a in argv if a in ("--chunks", "--frames", "--workers", "--classes", "--window")
     )
     assert capsys.readouterr().err == f"{command}: {old} is now {new}\n"
+
+
+@pytest.mark.parametrize(
+    "argv,old,new",
+    [
+        (
+            ["shard", "in", "--out", "o", "--window", "10", "--sample-frames", "20"],
+            "--window",
+            "--sample-frames",
+        ),
+        (["bench", "heads", "--classes", "3", "--num-classes", "5"], "--classes", "--num-classes"),
+        # The new first, at its default: a value cannot tell that it was given.
+        (["bench", "heads", "--num-classes", "19", "--classes", "3"], "--classes", "--num-classes"),
+        (
+            ["bench", "traffic", "--chunks-per-sequence", "2", "--chunks", "4"],
+            "--chunks",
+            "--chunks-per-sequence",
+        ),
+    ],
+)
+def test_an_option_given_by_its_old_and_new_names_is_refused(
+    argv: list[str], old: str, new: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As config keys are (config.load): one of the two values would be taken silently."""
+    with pytest.raises(SystemExit) as stop:
+        parse(argv)
+    assert stop.value.code == 2
+    command = "distseq " + " ".join(argv[: 2 if argv[0] == "bench" else 1])
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said == f"{command}: error: {old} and {new} are one option: give only {new}"
+
+
+def test_an_option_s_value_is_shown_under_its_own_name() -> None:
+    """``--num-classes CLASSES`` in the help named the value by the old option."""
+    for name, parser in commands().items():
+        for action in parser._actions:
+            hidden = action.help == argparse.SUPPRESS or action.metavar is not None  # or chosen
+            if hidden or action.nargs == 0 or not action.option_strings:
+                continue
+            options = [o.lstrip("-").replace("-", "_").upper() for o in action.option_strings]
+            assert action.dest.upper() in options, (name, action.option_strings, action.dest)
 
 
 @pytest.mark.parametrize(

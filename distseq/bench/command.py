@@ -94,6 +94,7 @@ def _add_data(sub: Subparsers) -> None:
     p.add_argument(
         "--num-workers",
         dest="workers",
+        metavar="NUM_WORKERS",
         type=int,
         nargs="+",
         default=[0, 1, 2],
@@ -144,11 +145,17 @@ def _add_traffic(sub: Subparsers) -> None:
     )
     _cnn(p, "resnet18", 64)
     p.add_argument(
-        "--length", dest="frames", type=int, default=16, help="T, each sequence's frames"
+        "--length",
+        dest="frames",
+        metavar="LENGTH",
+        type=int,
+        default=16,
+        help="T, each sequence's frames",
     )
     p.add_argument(
         "--chunks-per-sequence",
         dest="chunks",
+        metavar="CHUNKS_PER_SEQUENCE",
         type=int,
         nargs="+",
         default=[1, 4],
@@ -183,7 +190,9 @@ def _add_gpu(sub: Subparsers) -> None:
         "gpu", help="the GPU acceptance run: memory, plan, bf16, offload, NCCL, compile, loader"
     )
     _cnn(p, "resnet50", 224)
-    p.add_argument("--length", dest="frames", type=int, default=256, help="T, the sequence's")
+    p.add_argument(
+        "--length", dest="frames", metavar="LENGTH", type=int, default=256, help="T, the sequence's"
+    )
     renamed(p, "--frames", "--length")
     p.add_argument("--chunk", type=int, default=16, help="frames per chunk (memory.chunk_frames)")
     p.add_argument("--compile", default="inductor", help="the torch.compile backend")
@@ -203,7 +212,14 @@ def _add_heads(sub: Subparsers) -> None:
     p.add_argument("--frames", type=int, nargs="+", default=[1000, 10000], help="T per case")
     p.add_argument("--feature-dim", type=int, default=2048, help="F, features a frame (I3D's)")
     renamed(p, "--features", "--feature-dim")
-    p.add_argument("--num-classes", dest="classes", type=int, default=19, help="K, 50Salads'")
+    p.add_argument(
+        "--num-classes",
+        dest="classes",
+        metavar="NUM_CLASSES",
+        type=int,
+        default=19,
+        help="K, 50Salads'",
+    )
     renamed(p, "--classes", "--num-classes")
     p.add_argument("--videos", type=int, default=40, help="training videos of the epoch rows")
     p.add_argument("--min-frames", type=int, default=2900, help="the shortest simulated video")

@@ -37,7 +37,7 @@ from distseq.bench.collectives import CollectiveCounter
 from distseq.bench.memory import bench_model
 from distseq.config import Recompute
 from distseq.data.batch import Batch, slices
-from distseq.errors import TrainingError
+from distseq.errors import ConfigError, TrainingError
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import peak_memory
 from distseq.parallel import (
@@ -205,7 +205,36 @@ def torchrun_failure(said: str) -> str:
     return lines[-1]
 
 
+def checked(opts: TrafficBench) -> None:
+    """Refuse, before any torchrun group starts, sizes that a rank would fail on and a world
+    that would run no case (no S divides it): a rank's error, or none, was all that was said."""
+    sizes = {
+        "--size": [opts.size],
+        "--length": [opts.frames],
+        "--chunks-per-sequence": opts.chunks,
+        "--worlds": opts.worlds,
+        "--sequences": opts.sequences,
+    }
+    for option, values in sizes.items():
+        if not values or min(values) < 1:
+            raise ConfigError(f"bench traffic: {option} {min(values, default='')}: must be >= 1")
+    for chunks in opts.chunks:
+        if opts.frames % chunks:
+            raise ConfigError(
+                f"bench traffic: --chunks-per-sequence {chunks}: must divide --length "
+                f"{opts.frames} (chunks of T / chunks frames)"
+            )
+    for world in opts.worlds:
+        if all(world % s for s in opts.sequences):
+            said = " ".join(map(str, opts.sequences))
+            raise ConfigError(
+                f"bench traffic: --worlds {world}: no --sequences value ({said}) divides it, "
+                "so it would run no case"
+            )
+
+
 def bench_traffic(opts: TrafficBench) -> list[TrafficRecord]:
+    checked(opts)
     records: list[TrafficRecord] = []
     if not opts.json:
         print(

@@ -345,6 +345,24 @@ def best_checkpoint(root: Path) -> Path | None:
     return path
 
 
+def _resumed_best(path: Path, meta: dict[str, Any]) -> Best:
+    """The selection the checkpoint at ``path`` records, started again where the best one's
+    folder is gone (deleted: the run keeps it): carried on, every later checkpoint would name
+    it, and ``export`` and the like would fail on the finished run."""
+    if not meta.get("best"):  # saved before train.select: none
+        return Best()
+    best = Best(**meta["best"])
+    kept = _step_dir(path.parent, best.step)
+    if best.step < 0 or (kept / "meta.json").is_file():
+        return best
+    say(
+        f"distseq: {kept}, the best validation's checkpoint (step {best.step}), is gone: the "
+        "selection starts again at the next validation",
+        sys.stderr,
+    )
+    return Best()
+
+
 def _pointed(pointer: Path) -> Path | None:
     root = pointer.parent
     if not pointer.exists():
@@ -482,7 +500,7 @@ def restore_training(path: Path, state: TrainState) -> Resumed:
     position = Position(**meta["position"])
     say(f"distseq: resuming from {path} at step {position.step}", sys.stderr)
     sequence = meta.get("sequence", 1)  # saved before parallel.sequence: 1
-    best = Best(**meta["best"]) if meta.get("best") else Best()  # saved before train.select: none
+    best = _resumed_best(path, meta)
     return Resumed(path, position, meta["world"], sequence, meta["metrics"], best, averaged)
 
 

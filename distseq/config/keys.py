@@ -257,8 +257,8 @@ DOCS: dict[str, str] = {
         "checkpoints kept on disk, the last ones; the best one (`train.select`) besides"
     ),
     "train.select": (
-        "model selection: `max val_<score>` or `min val_<score>` (any score validation logs: "
-        "`val_accuracy`, `val_jaccard`, `val_edit`, `val_f1@50`, `val_loss`, ...); the "
+        "model selection: `max val_<score>` (any score validation logs: `val_accuracy`, "
+        "`val_jaccard`, `val_edit`, `val_f1@50`, ...) or `min val_loss`; the "
         "checkpoint of the best validation (ties: the earliest) is kept, and `export`, "
         "`predict`, `features`, `eval`, `report` and `train.init_from` take it from a run "
         "directory, each saying its step (`checkpoints/latest` is the last step's). A warm start "

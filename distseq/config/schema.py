@@ -448,8 +448,9 @@ class TrainConfig:
     eval_every: int = 0  # 0: evaluate only at the end
     save_every: int = 0  # checkpoint every N steps; 0: only at the end
     keep_last: int = 3  # checkpoints kept on disk, newest first, and the best beside them
-    # Model selection: "max|min val_<score>", the validation that picks the checkpoint which
-    # export, predict, features, eval, report and init_from take; "": the last step's.
+    # Model selection: "max val_<score>" or "min val_loss", the validation that picks the
+    # checkpoint which export, predict, features, eval, report and init_from take; "": the last
+    # step's.
     select: str = "max val_accuracy"
     # Stop (with a checkpoint) once this many validations in a row have not beaten the best;
     # 0: never.
@@ -480,8 +481,8 @@ class TrainConfig:
             not self.select or re.fullmatch(r"(max|min) val_\S+", self.select) is not None,
             "train.select",
             self.select,
-            "must be 'max val_<score>' or 'min val_<score>' (e.g. 'max val_jaccard', "
-            "'min val_loss'), or '' for the last step",
+            "must be 'max val_<score>' (e.g. 'max val_jaccard') or 'min val_loss', or '' for "
+            "the last step",
         )
         _check(self.patience >= 0, "train.patience", self.patience, "must be >= 0")
         _check(0 <= self.ema < 1, "train.ema", self.ema, "must be in [0, 1) (0: off; e.g. 0.999)")

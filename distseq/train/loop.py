@@ -314,14 +314,16 @@ def _model(cfg: Config, manifest: Manifest) -> VideoModel | FeatureModel:
 
 
 def _selection(cfg: Config) -> Selection | None:
-    """train.select, or None (and a line saying so) where no validation can select."""
+    """train.select, or None (and a line saying so) where no validation can select; a score
+    that validation never logs is refused either way, as it could never be valid."""
     train = cfg.train
     if not train.select:
         return None
+    selection = Selection.of(train.select, train.patience)
     if not cfg.data.val:
         say(f"train.select={train.select!r}: no data.val to validate on; the last step is kept")
         return None
-    return Selection.of(train.select, train.patience)
+    return selection
 
 
 def _longest_window(cfg: Config, info: DistInfo) -> int:

@@ -27,6 +27,12 @@ class Selection:
             raise ConfigError(
                 f"config key train.select={select!r}: validation logs no {metric}; one of {scores}"
             )
+        best = "min" if metric == "val_loss" else "max"  # every score but the loss: higher
+        if mode != best:
+            raise ConfigError(
+                f"config key train.select={select!r}: would keep the worst validation's "
+                f"checkpoint: give '{best} {metric}'"
+            )
         return cls(metric, mode == "max", patience)
 
     def after(self, best: Best, step: int, scores: dict[str, float]) -> Best:

@@ -117,6 +117,8 @@ DEMO = str(REPO / "distseq" / "demo" / "demo.yaml")
 def options(
     tmp_path: Path, *overrides: str, recipes: tuple[str, ...] = RECIPES, test: str = ""
 ) -> RecipesBench:
+    for name in ("t.tar", "v.tar"):  # checked to be there, and not read
+        (tmp_path / name).touch()
     shards = [f"data.train={tmp_path}/t.tar", f"data.val={tmp_path}/v.tar"]
     mine, out = [*shards, *overrides], str(tmp_path)
     return RecipesBench(DEMO, mine, 2, [0], 64, 1, list(recipes), [], [], test, out, False)
@@ -148,6 +150,12 @@ def test_recipes_that_cannot_apply_are_refused_or_left_out(
     # A training's own config is checked before any trains, and says which it is.
     bad = replace(options(tmp_path), stage2=["data.window=-1"])
     with pytest.raises(ConfigError, match=r"^bench recipes, the head training: config key data"):
+        checked(bad)
+    # Its train.select too: a score validation never logs was refused as the training started
+    # (with --slurm, after the queue and the earlier stages).
+    bad = replace(options(tmp_path), stage3=["train.select=max val_bogus"])
+    refused = r"^bench recipes, the stage3 training: config key train\.select='max val_bogus': "
+    with pytest.raises(ConfigError, match=refused):
         checked(bad)
 
 
@@ -203,6 +211,34 @@ def test_a_test_split_is_one_that_no_training_or_selection_saw(tmp_path: Path) -
     (other / "index.json").write_text(json.dumps(index | {"classes": ["a", "b"]}))
     with pytest.raises(ConfigError, match=r"^--test: its classes \['a', 'b'\] \(\S+\) are not "):
         held_out_shards(str(other), cfg)
+
+
+def test_missing_shards_are_refused_before_any_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing --test shard was found by its scoring, after every training (hours at the
+    documented sizes), with exit 1; a missing data.val one at the first validation."""
+    data = tmp_path / "data"
+    write_task(data, train=1, val=1, length=301, size=8, seed=0, per_shard=1, test=1)
+    given = replace(
+        options(tmp_path, f"data.train={data}/train-000000.tar", f"data.val={data}/val-*.tar"),
+        test=f"{data}/test-00000{{0,1}}.tar",
+    )
+    with pytest.raises(ConfigError, match=r"^--test: shard not found: \S+/test-000001\.tar$"):
+        checked(given)
+    with pytest.raises(ConfigError, match=r"^data\.val: shard not found: \S+/v\.tar$"):
+        checked(replace(given, overrides=[*given.overrides, f"data.val={data}/v.tar"], test=""))
+    with pytest.raises(ConfigError, match=r"^data\.train: shard not found: \S+/t\.tar$"):
+        checked(replace(given, overrides=[*given.overrides, f"data.train={data}/t.tar"], test=""))
+    # The README's line where shards/ is not there: --test named, not data.val (its folder was
+    # "also in data.val"); a missing folder read "manifest not found: index.json", exit 1.
+    out = tmp_path / "out"
+    for test in ("shards/", str(tmp_path / "missing")):
+        argv = ["data.train=shards/", "data.val=shards/", "--test", test, "--out", str(out)]
+        assert main(["bench", "recipes", DEMO, *argv]) == 2
+        said = f"distseq: error: --test: shard not found: {test}\n"
+        assert capsys.readouterr().err == said
+    assert not any(out.rglob("*"))  # no training began
 
 
 def test_slurm_options_without_slurm_are_refused_not_ignored(

@@ -1,5 +1,6 @@
 """``distseq bench traffic``: real torchrun groups of 1 and 2 ranks; the bytes each rank's
-collectives carry in one step, flat in the chunk count and as the parameter count says."""
+collectives carry in one step, flat in the chunk count and as the parameter count says; sizes
+that no rank could run refused before any group starts."""
 
 from __future__ import annotations
 
@@ -11,11 +12,39 @@ import torch
 
 from conftest import run_distseq
 from distseq.bench.memory import bench_model
+from distseq.cli import main
 from distseq.config import Recompute
 
-pytestmark = pytest.mark.integration  # starts torchrun
+
+@pytest.mark.parametrize(
+    "options,said",
+    [
+        # The issue's three: a rank's ZeroDivisionError, "max() arg is an empty sequence", and
+        # "torchrun failed: no output" (world 1 ran no case).
+        (["--sequences", "0"], "--sequences 0: must be >= 1"),
+        (["--sequences", "-1"], "--sequences -1: must be >= 1"),
+        (
+            ["--sequences", "3", "--worlds", "1"],
+            "--worlds 1: no --sequences value (3) divides it, so it would run no case",
+        ),
+        (["--worlds", "0"], "--worlds 0: must be >= 1"),
+        (["--length", "0"], "--length 0: must be >= 1"),
+        (["--chunks-per-sequence", "0"], "--chunks-per-sequence 0: must be >= 1"),
+        (
+            ["--chunks-per-sequence", "3"],  # chunks of 16 // 3 frames: 4 of them, not 3
+            "--chunks-per-sequence 3: must divide --length 16 (chunks of T / chunks frames)",
+        ),
+    ],
+)
+def test_sizes_no_rank_can_run_are_refused_before_torchrun(
+    options: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "traffic", *options]) == 2
+    captured = capsys.readouterr()  # refused before the table's heading, or any torchrun
+    assert (captured.out, captured.err) == ("", f"distseq: error: bench traffic: {said}\n")
 
 
+@pytest.mark.integration  # starts torchrun
 @pytest.mark.slow
 def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_path: Path) -> None:
     args = ["bench", "traffic", "--json", "--worlds", "1", "2", "--chunks-per-sequence", "2", "4"]

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO
 from distseq.cli import main
-from distseq.config import Config, load_config, to_yaml
+from distseq.config import RENAMED, Config, load_config, to_yaml
 from distseq.config.keys import DOCS, key_values, reference_table
 from distseq.errors import ConfigError
 
@@ -55,6 +55,10 @@ def test_renamed_keys_are_read_with_a_notice(
     path.write_text("data: {frames: 12, window: 8}\n")
     with pytest.raises(ConfigError, match=r"data\.frames and data\.window are one key"):
         load_config(path)
+    # The manual names each, with its new name.
+    manual = " ".join((REPO / "docs/config.md").read_text().split())
+    for old, new in RENAMED.items():
+        assert f"`{old}`: `{new}`" in manual, old
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ both the best and the count; what loads a run takes its best."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from conftest import tiny_config
 from distseq.checkpoint.export import load_checkpointed
 from distseq.checkpoint.sharded import resolve_checkpoint
 from distseq.config import load_config
+from distseq.errors import ConfigError
 from distseq.train.loop import train
+from distseq.train.select import Selection
 
 # Every step validated. lr 1e-9: the weights barely move, so the accuracy stays the same and no
 # validation after the first beats it.
@@ -33,6 +36,28 @@ def pointer(run: Path, name: str) -> str:
     return (run / "checkpoints" / name).read_text().strip()
 
 
+def test_a_score_validation_never_logs_is_refused_without_data_val(
+    tmp_path: Path, shards: Path
+) -> None:
+    """It passed with a notice ("no data.val to validate on"): refused, as with data.val, since
+    no data.val makes it valid."""
+    config = tiny_config(tmp_path, shards)
+    refused = r"^config key train\.select='max val_bogus': validation logs no val_bogus; one of "
+    with pytest.raises(ConfigError, match=refused):
+        train(load_config(config, ["data.val=", "train.select=max val_bogus"]))
+    assert not (tmp_path / "run" / "checkpoints").exists()  # before any step
+
+
+@pytest.mark.parametrize("select,best", [("max val_loss", "min"), ("min val_jaccard", "max")])
+def test_a_selection_of_the_worst_validation_is_refused(select: str, best: str) -> None:
+    """Kept the worst checkpoint silently, found out after the run."""
+    metric = select.split()[1]
+    refused = f"^config key train\\.select='{select}': would keep the worst validation's "
+    with pytest.raises(ConfigError, match=refused + f"checkpoint: give '{best} {metric}'$"):
+        Selection.of(select, 0)
+    assert Selection.of(f"{best} {metric}", 0).highest == (best == "max")
+
+
 @pytest.mark.slow
 def test_the_best_validation_is_kept_beside_the_last(tmp_path: Path, shards: Path) -> None:
     config = tiny_config(tmp_path, shards)
@@ -48,6 +73,28 @@ def test_the_best_validation_is_kept_beside_the_last(tmp_path: Path, shards: Pat
     loaded = load_checkpointed(run)
     assert loaded.step == best
     assert loaded.which.startswith(f"step {best}, the best validation (min val_loss: ")
+
+
+@pytest.mark.slow
+def test_a_relaunch_whose_best_checkpoint_is_gone_says_so_and_selects_again(
+    tmp_path: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The relaunch trained on silently, and its checkpoints' meta.json named the deleted
+    folder: export failed on the finished run."""
+    config = tiny_config(tmp_path, shards)
+    run, still = tmp_path / "run", [*EVERY, "optim.lr=1e-9", "train.steps=5"]
+    train(load_config(config, [*still, "train.stop_after=3"]))
+    assert pointer(run, "best") == "step_00000001"  # the accuracy stays: the first is kept
+    shutil.rmtree(run / "checkpoints" / "step_00000001")
+    capsys.readouterr()
+    train(load_config(config, still))
+    gone = run / "checkpoints" / "step_00000001"
+    said = f"{gone}, the best validation's checkpoint (step 1), is gone: the selection starts "
+    assert said in capsys.readouterr().err
+    assert pointer(run, "best") == "step_00000004"  # the first validation after the launch
+    meta = json.loads((run / "checkpoints" / "step_00000005" / "meta.json").read_text())
+    assert meta["best"]["step"] == 4
+    assert load_checkpointed(run).step == 4  # as export takes it
 
 
 @pytest.mark.slow

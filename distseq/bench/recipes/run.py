@@ -28,8 +28,8 @@ from distseq.bench.recipes.trainings import (
 )
 from distseq.config import RNNS, Config, load_config
 from distseq.data.manifest import find_manifest
-from distseq.data.tar import expand, local_path, shard_name
-from distseq.errors import ConfigError
+from distseq.data.tar import check_shards_exist, expand, local_path, shard_name
+from distseq.errors import ConfigError, DataError
 from distseq.files import output_folder, write_atomic
 from distseq.train.signals import StopSignals
 
@@ -39,6 +39,8 @@ def checked(args: RecipesBench) -> RecipesBench:
     shards it names; each refusal said in one line, every training's config checked before any
     trains."""
     cfg = load_config(args.config, args.overrides)
+    if args.test:  # first: the trainings are run before the test split is read
+        existing(args.test, "--test", "test")
     refusals = [
         (cfg.data.features, "data.features=true: the recipes train the CNN, give frame shards"),
         (not cfg.data.val, "data.val is empty: the recipes select each checkpoint on it"),
@@ -78,6 +80,8 @@ def checked(args: RecipesBench) -> RecipesBench:
         say(f"tbptt: --tbptt {args.tbptt} >= data.window={cfg.data.window}: it is end_to_end")
     if not recipes:
         raise ConfigError("bench recipes: no recipe left to compare")
+    existing(cfg.data.train, "data.train", "train")
+    existing(cfg.data.val, "data.val", "val")  # else found missing at the first validation
     # Absolute, for people and for the records. A SLURM job starts in this folder (sbatch's
     # default), where relative paths among the overrides mean what they mean here.
     args = replace(
@@ -125,6 +129,15 @@ def held_out_shards(test: str, cfg: Config) -> str:
             f"{theirs.classes}"
         )
     return "::".join(str(canonical(url)) for url in shards)
+
+
+def existing(urls: str, key: str, split: str) -> None:
+    """Refuse shards ``urls`` (config key or option ``key``) where a local one is missing: a
+    training's stream finds it only when it reads it, after hours of work for the test split."""
+    try:
+        check_shards_exist(expand(urls, key, split))
+    except DataError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def canonical(url: str) -> str:

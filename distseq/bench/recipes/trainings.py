@@ -54,6 +54,7 @@ from distseq.parallel import close_distributed, init_distributed
 from distseq.score.metrics import SEGMENT_METRICS
 from distseq.score.validate import validation_scores
 from distseq.train.loop import train
+from distseq.train.select import Selection
 from distseq.train.signals import StopSignals
 
 RECIPES = ("per_frame", "tbptt", "two_stage", "three_stage", "end_to_end")
@@ -211,7 +212,10 @@ class SeedRuns:
         late = ["train.init_from=[]"] if check and name == "stage3" else []
         out = f"train.out_dir={self.root / name}"
         try:
-            return load_config(self.args.config, [*self.base, *self.overrides(name), *late, out])
+            cfg = load_config(self.args.config, [*self.base, *self.overrides(name), *late, out])
+            if check and cfg.train.select:  # else refused only as the training starts
+                Selection.of(cfg.train.select, cfg.train.patience)
+            return cfg
         except ConfigError as e:
             raise ConfigError(f"bench recipes, the {name} training: {e}") from None
 
