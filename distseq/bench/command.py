@@ -115,7 +115,11 @@ def _add_resume(sub: Subparsers) -> None:
     )
     p.add_argument("--out", default="runs/bench-resume", help="where the task's data and runs go")
     p.add_argument(
-        "--steps", type=int, nargs="+", default=[10, 1000], help="resume at each of these steps"
+        "--at-steps",
+        type=int,
+        nargs="+",
+        default=[10, 1000],
+        help="resume at each of these steps",
     )
     p.add_argument(
         "--train-sequences", type=int, default=256, help="the demo task's training videos"

@@ -5,7 +5,7 @@ A relaunch once passed over every batch the run had trained on, reading each fro
 the demo's stream (8 videos of 512 frames a batch) 17 s after 200 batches and 84 s after 1,000,
 growing with the step, on every requeue and in every rank. The stream now seeks to the position
 its checkpoint holds (``data/train_stream.py``). This bench trains the demo's config (``distseq
-demo``'s recall task, its end-to-end run) to each step of ``--steps``, relaunches a copy of the
+demo``'s recall task, its end-to-end run) to each step of ``--at-steps``, relaunches a copy of the
 run from the checkpoint there, and times it: set-up and restore to its first batch ("ready"), and
 to the end of its first step.
 """
@@ -30,7 +30,7 @@ class ResumeBench:
     """One ``bench resume`` run: its options, as the command line gives them."""
 
     out: str
-    steps: list[int]
+    at_steps: list[int]
     train_sequences: int
     json: bool
     overrides: list[str]
@@ -65,15 +65,15 @@ def _timed_leg(out: Path, overrides: list[str], step: int) -> ResumeRecord:
 
 
 def bench_resume(args: ResumeBench) -> list[ResumeRecord]:
-    steps = sorted(set(args.steps))
+    steps = sorted(set(args.at_steps))
     if not steps or steps[0] < 1:
-        raise ConfigError(f"--steps {' '.join(map(str, args.steps))}: give steps >= 1")
+        raise ConfigError(f"--at-steps {' '.join(map(str, args.at_steps))}: give steps >= 1")
     out = output_folder(args.out)
     shards = task_shards(out / "data", args.train_sequences, 1)
     run = out / "run"
     if run.exists():  # a run trained to other steps would resume rather than train
         shutil.rmtree(run)
-    # No validation: the legs time the relaunch alone, and every step of --steps is saved.
+    # No validation: the legs time the relaunch alone, and every step of --at-steps is saved.
     base = [*shards, "data.val=", f"train.steps={steps[-1] + 1}", "train.eval_every=0"]
     base += [f"train.out_dir={run}", "train.select=", *args.overrides]
     records = []

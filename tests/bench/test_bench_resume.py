@@ -31,6 +31,6 @@ def test_each_step_is_trained_to_and_relaunched_from(
 
 
 def test_steps_below_one_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["bench", "resume", "--out", str(tmp_path / "b"), "--steps", "0", "10"]) == 2
-    assert capsys.readouterr().err.strip() == "distseq: error: --steps 0 10: give steps >= 1"
+    assert main(["bench", "resume", "--out", str(tmp_path / "b"), "--at-steps", "0", "10"]) == 2
+    assert capsys.readouterr().err.strip() == "distseq: error: --at-steps 0 10: give steps >= 1"
     assert not (tmp_path / "b").exists()
