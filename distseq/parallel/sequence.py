@@ -94,6 +94,8 @@ class _Gather(torch.autograd.Function):
         parts = [torch.empty_like(payload) for _ in bounds]
         dist.all_gather(parts, payload, group=group)
         signed = SIGNATURE_BYTES
+        # One device-to-host copy of S x 4 values: the head's launch waits for the gather, which
+        # it needs before it can run anyway.
         _check_alike(torch.stack([p[:signed] for p in parts]).view(torch.int64).tolist())
         return torch.cat(
             [
