@@ -41,6 +41,7 @@ from distseq.errors import ConfigError, TrainingError
 from distseq.memory.chunked import ChunkedModel
 from distseq.memory.measure import peak_memory
 from distseq.parallel import (
+    SIGNATURE_BYTES,
     DistInfo,
     all_gather_objects,
     close_distributed,
@@ -87,11 +88,12 @@ class TrafficRecord:
 
 def feature_bytes(model: ChunkedModel, frames: int, sequence: int, batch: int = 1) -> int:
     """Bytes per rank per step of a sequence split's feature all-gather: S slices, each padded
-    to the widest, of B x t x F fp32 values."""
+    to the widest, of B x t x F fp32 values, each after its rank's signature (what the ranks of
+    a group check they hold alike: parallel/sequence.py)."""
     if sequence == 1:
         return 0
     widest = max(b - a for a, b in slices(frames, model.chunk_frames, sequence))
-    return 4 * sequence * batch * widest * (model.feature_dim or 0)
+    return sequence * (4 * batch * widest * (model.feature_dim or 0) + SIGNATURE_BYTES)
 
 
 def predicted_bytes(model: nn.Module, mode: str, world: int) -> int:

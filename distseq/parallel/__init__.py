@@ -23,10 +23,11 @@ from distseq.parallel.group import (
     say,
 )
 from distseq.parallel.network import Node, is_collective_failure, nodes, nodes_line, unreachable
-from distseq.parallel.sequence import sequence_line
+from distseq.parallel.sequence import SIGNATURE_BYTES, sequence_line
 from distseq.parallel.wrap import gradient_sync, parallelize
 
 __all__ = [
+    "SIGNATURE_BYTES",
     "DistInfo",
     "Node",
     "all_gather_objects",

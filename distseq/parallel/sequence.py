@@ -9,7 +9,9 @@ rank computes the group's loss in full. In backward no collective runs: each ran
 slice of the features' gradient, which is the same on every rank of the group, times S. DDP and
 FSDP2 then average the gradients over all D x S ranks: the head's are S equal copies per group,
 and the CNN's, S times each slice's share, sum to the group's whole gradient. Nothing is
-counted S times. docs/design.md ("A video split across ranks") has the costs and the choice.
+counted S times. The ranks of a group check in that all-gather that they hold the same
+sequence (:func:`_signature`). docs/design.md ("A video split across ranks") has the costs and
+the choice.
 """
 
 from __future__ import annotations
@@ -63,8 +65,14 @@ def sequence_line(cfg: Config, world: int, hosts: dict[int, str]) -> str:
     return f"parallel.sequence={s}: each video's frames split across ranks {split}"
 
 
+# What each rank's slice of the features' all-gather begins with: _signature's 4 int64 values.
+SIGNATURE_BYTES = 32
+
+
 class _Gather(torch.autograd.Function):
-    """Every rank's features of its slice, [B, t_i, F], joined along time on every rank."""
+    """Every rank's features of its slice, [B, t_i, F], joined along time on every rank; each
+    rank's :func:`_signature` rides in front of its slice, and ranks whose signatures differ
+    are refused, on every rank alike."""
 
     @staticmethod
     def forward(
@@ -73,13 +81,29 @@ class _Gather(torch.autograd.Function):
         bounds: list[tuple[int, int]],
         index: int,
         group: dist.ProcessGroup,
+        signature: torch.Tensor,
     ) -> torch.Tensor:
         ctx.bounds, ctx.index, ctx.size = bounds, index, len(bounds)
         width = max(b - a for a, b in bounds)
-        padded = torch.nn.functional.pad(local, (0, 0, 0, width - local.shape[1])).contiguous()
-        parts = [torch.empty_like(padded) for _ in bounds]
-        dist.all_gather(parts, padded, group=group)
-        return torch.cat([p[:, : b - a] for p, (a, b) in zip(parts, bounds, strict=True)], dim=1)
+        padded = torch.nn.functional.pad(local, (0, 0, 0, width - local.shape[1]))
+        # As bytes, so that the int64 signature and features of any dtype travel as one message
+        # (the signature first: a view as int64 needs an offset that is a multiple of 8).
+        payload = torch.cat(
+            [signature.to(local.device).view(torch.uint8), padded.reshape(-1).view(torch.uint8)]
+        )
+        parts = [torch.empty_like(payload) for _ in bounds]
+        dist.all_gather(parts, payload, group=group)
+        signed = SIGNATURE_BYTES
+        # One device-to-host copy of S x 4 values: the head's launch waits for the gather, which
+        # it needs before it can run anyway.
+        _check_alike(torch.stack([p[:signed] for p in parts]).view(torch.int64).tolist())
+        return torch.cat(
+            [
+                p[signed:].view(local.dtype).view(padded.shape)[:, : b - a]
+                for p, (a, b) in zip(parts, bounds, strict=True)
+            ],
+            dim=1,
+        )
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -87,7 +111,51 @@ class _Gather(torch.autograd.Function):
         # Every rank of the group ran the same head over the same features: its gradient is the
         # group's, so this slice's share needs no collective. Times S, because DDP and FSDP2
         # average over every rank while only this one made these frames (module docstring).
-        return grad[:, a:b] * ctx.size, None, None, None
+        return grad[:, a:b] * ctx.size, None, None, None, None
+
+
+def _signature(mask: torch.Tensor, frames: torch.Tensor | None) -> torch.Tensor:
+    """What every rank of a group must hold alike, as int64 [4] on the mask's device: T,
+    a checksum of the mask, and, where this rank was given the whole sequence's ``frames``, a
+    checksum of a few of them (a rank given its slice alone has other frames than its group's).
+
+    A mask sliced along with the frames has nothing wrong with its shapes: each rank would run
+    a slice of its slice and the group join pieces of different sequences. Where the slices are
+    of one length, T is alike too, and only the frames (or a padded mask) tell them apart.
+    Integer sums (of a float's bits), so that equal tensors sum alike in any order."""
+    rows, length = mask.shape
+    at = torch.arange(1, rows * length + 1, device=mask.device).view(rows, length)
+    sums = [
+        torch.tensor(length, device=mask.device),
+        (mask * at).sum(),
+        torch.tensor(0),
+        torch.tensor(0),
+    ]
+    if frames is not None:
+        sample = frames[:, :: max(1, length // 4)].contiguous()
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[
+            sample.element_size()
+        ]
+        sums[2:] = [torch.tensor(1), sample.view(bits).sum(dtype=torch.int64)]
+    return torch.stack([x.to(mask.device, torch.int64) for x in sums])
+
+
+def _check_alike(signatures: list[list[int]]) -> None:
+    """Refuse, on every rank of the group alike, ranks that hold different sequences."""
+    lengths = [s[0] for s in signatures]
+    whole = {s[3] for s in signatures if s[2]}
+    if len(set(lengths)) == 1 and len({s[1] for s in signatures}) == 1 and len(whole) <= 1:
+        return
+    held = (
+        f"masks of T={', '.join(map(str, lengths))}"
+        if len(set(lengths)) > 1
+        else f"different sequences of T={lengths[0]} (their masks or frames differ)"
+    )
+    raise ModelError(
+        f"sequence={len(signatures)}: the ranks of a group hold {held}: each takes the group's "
+        "batch, the mask (and labels) whole, the frames whole or its slice alone; a mask "
+        "sliced with the frames is one such mistake"
+    )
 
 
 class SequenceSplit:
@@ -123,6 +191,7 @@ class SequenceSplit:
         unit = unit or 1
         bounds = slices(length, unit, self.size)
         a, b = bounds[self.index]
+        signature = _signature(mask, frames if whole else None)
         if whole:
             frames = frames[:, a:b]
         elif given != b - a:
@@ -134,12 +203,16 @@ class SequenceSplit:
         else:
             model.input.check(frames, mask[:, a:b])
         before = _bn_state(model)
-        if b > a:
+        # The real frames' check syncs with the device: only while the feature size is unknown.
+        if b > a and (model.feature_dim is not None or bool(mask[:, a:b].any())):
             local = self._features(model, frames, mask[:, a:b], length)
         elif model.feature_dim is None:
+            # Not the backbone's "no real frame in this batch": the batch may have some.
+            held = f", frames [{a}, {b}) of {length}, is all padding" if b > a else " is empty"
             raise ModelError(
-                f"sequence={self.size}: a {length}-frame sequence leaves this rank no frame, and "
-                "the backbone's feature size is not known yet: give feature_dim"
+                f"sequence={self.size}: this rank's slice of the batch (rank {self.index} of its "
+                f"group){held}, and the backbone's feature size is not known yet: give "
+                "feature_dim"
             )
         else:
             dtype = next(model.backbone.parameters()).dtype
@@ -152,7 +225,7 @@ class SequenceSplit:
             # while the other ranks wait for this one's share (FSDP2's reduce-scatter, DDP's
             # all-reduce; FSDP2 hung). A zero that depends on every parameter gives it zeros.
             local = local + sum(p.sum() for p in trained) * 0
-        return _Gather.apply(local, bounds, self.index, self.group)
+        return _Gather.apply(local, bounds, self.index, self.group, signature)
 
     def _features(
         self, model: VideoModel, frames: torch.Tensor, mask: torch.Tensor, length: int

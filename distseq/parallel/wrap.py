@@ -73,8 +73,22 @@ def parallelize(
         raise ModelError(f"precision='bf16' needs mode='fsdp', not {mode.value!r}")
     info = info or init_distributed()
     model.to(info.device)
-    if sequence != 1:
-        _split(model, sequence, info)
+    split = _split(model, sequence, info)
+    wrapped = _wrap(model, mode, precision, info, frozen_steps)
+    # Only now, once nothing can raise: a call that raised leaves the model as it was, and a
+    # later call without a split takes off an earlier one's.
+    if isinstance(model, VideoModel):
+        model.split = split
+    return wrapped
+
+
+def _wrap(
+    model: VideoModel | FeatureModel,
+    mode: ParallelMode,
+    precision: Precision,
+    info: DistInfo,
+    frozen_steps: bool,
+) -> nn.Module:
     if not dist.is_initialized():
         return model
     if mode is ParallelMode.none:
@@ -106,10 +120,14 @@ def parallelize(
     return model
 
 
-def _split(model: VideoModel | FeatureModel, sequence: int, info: DistInfo) -> None:
-    """Give ``model`` its sequence group's split, or say in one line why it cannot take one."""
+def _split(model: VideoModel | FeatureModel, sequence: int, info: DistInfo) -> SequenceSplit | None:
+    """``model``'s sequence group's split (None at ``sequence=1``), or one line on why it cannot
+    take one."""
+    # bool is an int, and True == 1: sequence=True would quietly be no split.
     if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 1:
         raise ModelError(f"sequence={sequence!r}: a whole number of ranks >= 1")
+    if sequence == 1:
+        return None
     if not isinstance(model, VideoModel):
         raise ModelError(
             f"sequence={sequence}: a {type(model).__name__} runs no CNN, so there is no frame "
@@ -120,7 +138,7 @@ def _split(model: VideoModel | FeatureModel, sequence: int, info: DistInfo) -> N
             f"sequence={sequence} does not divide the {info.world} ranks of this group"
         )
     mesh = device_mesh(info.device, (info.world // sequence, sequence), ("data", "sequence"))
-    model.split = SequenceSplit(model, mesh.get_group("sequence"))
+    return SequenceSplit(model, mesh.get_group("sequence"))
 
 
 def _fresh_output(module: nn.Module, args: object, output: object) -> object:

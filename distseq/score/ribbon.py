@@ -1,6 +1,6 @@
 """A phase ribbon: the phases along a video, one colour-blind-safe colour per phase, as bands
-(truth, prediction, errors). ``predict --ribbon`` draws one per video, ``report`` one per
-validation video."""
+(truth, prediction, errors). ``predict --ribbon`` draws one per video, ``report`` one for each
+of the worst validation videos."""
 
 from __future__ import annotations
 

@@ -91,12 +91,14 @@ def test_bytes_per_rank_are_flat_in_chunks_and_follow_the_parameter_count(tmp_pa
     assert fsdp["wire_bytes"] == half + sizes.get("all_reduce", 0)
 
     # A video split across the 2 ranks (S=2) adds the features' all-gather in forward, by hand:
-    # 2 slices of 2 frames x 32 tiny_cnn features x 4 bytes, one sequence; nothing in
-    # backward, and the parameters' collectives as without the split.
+    # 2 slices of 2 frames x 32 tiny_cnn features x 4 bytes, one sequence, each after its rank's
+    # 32-byte signature; nothing in backward, and the parameters' collectives as without the split.
     for mode in ("fsdp", "ddp"):
         split, whole = by[mode, 2, 2, 2], by[mode, 2, 1, 2]
         gathered = split["bytes"]["all_gather"] - whole["bytes"].get("all_gather", 0)
-        assert gathered == 2 * 2 * 32 * 4 == split["predicted_bytes"] - whole["predicted_bytes"]
+        assert (
+            gathered == 2 * (2 * 32 * 4 + 32) == split["predicted_bytes"] - whole["predicted_bytes"]
+        )
         assert split["counts"]["all_gather"] == whole["counts"].get("all_gather", 0) + 1
         others = {k: v for k, v in split["bytes"].items() if k != "all_gather"}
         assert others == {k: v for k, v in whole["bytes"].items() if k != "all_gather"}, mode

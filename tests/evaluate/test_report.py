@@ -63,3 +63,37 @@ def test_report_draws_every_picture_and_links_it(
         "ribbons/val-000004.png",
     ]
     assert "loss.png" in drawn and "confusion.png" in drawn
+
+
+@pytest.mark.slow
+def test_report_shows_the_worst_videos_first_and_one_validation_as_a_number(
+    tmp_path: Path, shards: Path
+) -> None:
+    """A run validated once (at its end, the default) that logs once (at step 3 of 3), and a
+    report of 2 ribbons for 5 videos: no curve of one dot, but each number on the page (the
+    validation's table saying it is the only one); the ribbons are the 2 worst videos', the
+    worst first, and the table after them has every video once, by accuracy."""
+    overrides = ["data.num_workers=0", "train.log_every=3"]
+    train(load_config(tiny_config(tmp_path, shards), overrides))
+    out = tmp_path / "report"
+    pictures = make_report(tmp_path / "run", out, ribbons=2)
+    names = [p.relative_to(out).as_posix() for p in pictures]
+    assert names[0] == "confusion.png"  # no curve
+    page = (out / "report.html").read_text()
+    assert "Validation at step 3, the run's only one</h2>" in page
+    assert re.search(r"<p>Loss: loss \d\.\d+ at step 3, its one record\.</p>", page), page
+    assert re.search(
+        r"<p>Training speed: frames_per_s [\d.]+ at step 3, its one record\.</p>", page
+    )
+    ribbons = [n for n in names if n.startswith("ribbons/")]
+    titles = re.findall(r"<h3>(val-\d+): accuracy (\d\.\d+)</h3>", page)
+    assert ribbons == [f"ribbons/{key}.png" for key, _ in titles] and len(titles) == 2
+    table = re.findall(r"<tr><td>\d+</td><td>(val-\d+)</td><td>(\d\.\d+)</td></tr>", page)
+    assert sorted(key for key, _ in table) == [f"val-{i:06d}" for i in range(N_VAL)]
+    accuracies = [float(a) for _, a in table]
+    assert accuracies == sorted(accuracies) and titles == table[:2]
+    low, mid, high = accuracies[0], accuracies[N_VAL // 2], accuracies[-1]
+    assert (
+        f"{N_VAL} videos, accuracy per video: median {mid:.3f}, from {low:.3f} to {high:.3f}. "
+        "The phase ribbons of the 2 worst, the worst first" in page
+    )

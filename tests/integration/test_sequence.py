@@ -49,7 +49,7 @@ def rel(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-12) -> float:
 @pytest.mark.parametrize(
     "ranks,cases",
     [
-        (2, ["ddp:2:batchnorm", "fsdp:2:batchnorm", "plan"]),
+        (2, ["ddp:2:batchnorm", "fsdp:2:batchnorm", "plan", "refusals"]),
         (3, ["fsdp:3:batchnorm", "ddp:3:batchnorm"]),
         (4, ["fsdp:2:groupnorm", "ddp:2:groupnorm", "ddp:2:dropout"]),  # data 2 x sequence 2
     ],
@@ -57,6 +57,9 @@ def rel(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-12) -> float:
 def test_a_split_video_trains_as_one_process(ranks: int, cases: list[str], tmp_path: Path) -> None:
     records = torchrun("sequence_split", ranks, tmp_path, *cases)
     for case in cases:
+        if case == "refusals":
+            _refusals([r[case] for r in records])
+            continue
         if case == "plan":
             for i, r in enumerate(records):
                 _planned_step(r[case])
@@ -88,6 +91,33 @@ def test_a_split_video_trains_as_one_process(ranks: int, cases: list[str], tmp_p
         losses = torch.tensor([records[g * s][case] for g in range(groups)])
         mean = losses.mean(0).tolist()
         assert mean == pytest.approx(ref_losses, rel=1e-5), case
+
+
+def _refusals(got: list[dict[str, str | float]]) -> None:
+    """What a 2-rank split refuses, in one line on every rank alike, and what it takes as one
+    process does (the worker's ``run_refusals``)."""
+    rule = (
+        "the mask (and labels) whole, the frames whole or its slice alone; a mask sliced with "
+        "the frames is one such mistake"
+    )
+    for r in got:
+        # The slices of one length (8 and 8) have the same T: the frames tell them apart.
+        assert r["sliced_16"] == (
+            "sequence=2: the ranks of a group hold different sequences of T=8 (their masks or "
+            f"frames differ): each takes the group's batch, {rule}"
+        )
+        assert r["sliced_13"] == (
+            f"sequence=2: the ranks of a group hold masks of T=8, 5: each takes the group's "
+            f"batch, {rule}"
+        )
+        # The same frames' slices with the mask whole are one process's.
+        assert r["right_16"] < 1e-5 and r["right_13"] < 1e-5, r
+        assert "parallel.mode=none: 2 ranks would train 2 unrelated models" in str(r["raised"])
+        assert r["after_raise"] < 1e-5, r  # no split left from the call that raised
+    assert got[1]["padding_slice"] == (
+        "sequence=2: this rank's slice of the batch (rank 1 of its group), frames [8, 13) of 13, "
+        "is all padding, and the backbone's feature size is not known yet: give feature_dim"
+    )
 
 
 def _planned_step(got: dict[str, float | bool | str]) -> None:

@@ -42,6 +42,7 @@ def model() -> distseq.ChunkedModel:
         (2, "sequence=2 does not divide the 1 ranks of this group"),
         (0, "sequence=0: a whole number of ranks >= 1"),
         ("2", "sequence='2': a whole number of ranks >= 1"),
+        (True, "sequence=True: a whole number of ranks >= 1"),  # == 1, but not a number of ranks
     ],
 )
 def test_a_bad_sequence_is_one_line(sequence: object, says: str) -> None:

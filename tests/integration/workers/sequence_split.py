@@ -5,7 +5,8 @@ loop: two SGD steps of the mean cross-entropy of the group's batch.
 argv: cases ``MODE:S:NORM`` (e.g. ``ddp:2:batchnorm fsdp:2:groupnorm``), run one after the other
 in this one process group. Writes out_<case>_<rank>.pt: the first step's gradients, the
 parameters and BatchNorm statistics after the steps. The case ``plan`` (S = 2, FSDP2) plans a
-memory budget per slice (``distseq.plan_memory(..., sequence=2)``) and measures a step under it.
+memory budget per slice (``distseq.plan_memory(..., sequence=2)``) and measures a step under it;
+``refusals`` (S = 2) gives the split what it must refuse, and what it must then take.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 import distseq
 from conftest import report
+from distseq.data.batch import slices
 
 CHUNK, STEPS, LR, CLASSES = 4, 2, 0.05, 3
 # 13 frames in chunks of 4 (4, 4, 4, 1): S=2 takes frames 0-7 and 8-12, S=3 0-3, 4-7 and 8-12.
@@ -33,7 +35,7 @@ NORMS: dict[str, Callable[[int], torch.nn.Module]] = {
 }
 
 
-def build(norm: str) -> distseq.ChunkedModel:
+def build(norm: str, feature_dim: int | None = 16) -> distseq.ChunkedModel:
     from own_model import LSTMHead, small_cnn
 
     torch.manual_seed(0)
@@ -41,7 +43,7 @@ def build(norm: str) -> distseq.ChunkedModel:
     if norm == "dropout":
         head.lstm.register_forward_pre_hook(lambda m, args: (F.dropout(args[0], 0.3), *args[1:]))
     return distseq.ChunkedModel(
-        small_cnn(16, NORMS[norm]), head, feature_dim=16, chunk_frames=CHUNK
+        small_cnn(16, NORMS[norm]), head, feature_dim=feature_dim, chunk_frames=CHUNK
     )
 
 
@@ -63,8 +65,8 @@ def main() -> None:
     info = distseq.init_distributed()
     losses: dict[str, object] = {}
     for case in sys.argv[1:]:
-        if case == "plan":
-            losses[case] = run_plan(info)
+        if case in ("plan", "refusals"):
+            losses[case] = run_plan(info) if case == "plan" else run_refusals(info)
             continue
         mode, sequence, norm = case.split(":")
         losses[case] = run(mode, int(sequence), norm, info, case.replace(":", "_"))
@@ -137,6 +139,63 @@ def run_plan(info: distseq.DistInfo) -> dict[str, float | bool | str]:
         "unsplit_refused": refused,
         "wrong_slice": wrong,
     }
+
+
+def run_refusals(info: distseq.DistInfo) -> dict[str, object]:
+    """What S = 2 refuses, each rank's error line (empty: none), and where a one-process model
+    is the reference, the largest difference of each rank's logits from its (no_grad).
+
+    - ``sliced_*``: a mask sliced along with the frames (each rank its half, the frames' slice
+      and the mask's, T = 16 in two of 8, and T = 13 in 8 and 5), beside the same video's
+      frames sliced with the mask whole (``right_*``), as docs/library.md says, against one
+      process.
+    - ``after_raise``: ``parallelize(..., sequence=2)`` that raises (mode "none" on 2 ranks),
+      then ``parallelize(..., "ddp", sequence=1)`` of the same model: each rank's own video
+      then runs whole, as one process runs it.
+    - ``padding_slice``: without feature_dim, rank 1's slice is padding alone, though the batch
+      has real frames (rank 1 alone calls the model: the error comes before any collective).
+    """
+    got: dict[str, object] = {}
+    g = torch.Generator().manual_seed(3)
+    frames = torch.randint(0, 256, (1, 16, 3, 16, 16), generator=g, dtype=torch.uint8)
+    mask = torch.ones(1, 16, dtype=torch.bool)
+    with torch.no_grad():
+        for length in (16, 13):
+            whole = build("groupnorm")(frames[:, :length], mask[:, :length])
+            # The model itself, not DDP's wrapper: a refused forward leaves DDP mid-step.
+            model = distseq.parallelize(build("groupnorm"), "ddp", "fp32", info, sequence=2)
+            split = model.module
+            assert isinstance(split, distseq.ChunkedModel)
+            a, b = slices(length, CHUNK, 2)[info.rank]
+            # The frames' slice alone, the mask whole: this is taken, as one process's.
+            right = split(frames[:, a:b], mask[:, :length])
+            got[f"right_{length}"] = float((right - whole).abs().max())
+            try:
+                split(frames[:, a:b], mask[:, a:b])
+                got[f"sliced_{length}"] = ""
+            except distseq.ModelError as e:
+                got[f"sliced_{length}"] = str(e)
+
+        model = build("groupnorm")
+        try:
+            distseq.parallelize(model, "none", "fp32", info, sequence=2)
+            got["raised"] = ""
+        except distseq.ConfigError as e:
+            got["raised"] = str(e)
+        ddp = distseq.parallelize(model, "ddp", "fp32", info, sequence=1)
+        own = frames[:, 8 * info.rank : 8 * info.rank + 8], mask[:, :8]  # each rank's own video
+        got["after_raise"] = float((ddp(*own) - build("groupnorm")(*own)).abs().max())
+
+        model = distseq.parallelize(build("groupnorm", None), "ddp", "fp32", info, sequence=2)
+        assert isinstance(model.module, distseq.ChunkedModel)
+        if info.rank == 1:
+            padded = torch.arange(13)[None] < 7  # 7 real frames; rank 1's slice is [8, 13)
+            try:
+                model.module(frames[:, :13], padded)
+                got["padding_slice"] = ""
+            except distseq.ModelError as e:
+                got["padding_slice"] = str(e)
+    return got
 
 
 if __name__ == "__main__":
