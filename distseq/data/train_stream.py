@@ -216,7 +216,17 @@ class _TrainWorker:
         self.bad_run = position["bad_run"]
 
     def _sample(self, shard: int, offset: int) -> Sample:
-        return next(read_shard(self.urls[shard], offset))
+        url = self.urls[shard]
+        try:
+            sample = next(read_shard(url, offset), None)
+        except DataError:  # past its end now, or not at a header
+            sample = None
+        if sample is None or sample.offset != offset:
+            raise DataError(
+                f"shard {url}: no sample starts at byte {offset}, where the checkpoint's stream "
+                "position has one: the shard was rewritten since"
+            )
+        return sample
 
     def _restored_window(self, ref: list[Any]) -> _Window:
         shard, offset, start, params = ref

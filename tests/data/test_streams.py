@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import shutil
 import tarfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from distseq.data import train_stream
 from distseq.data.batch import IGNORE_INDEX, Batch, Part, empty_batch, slices
 from distseq.data.manifest import load_manifest
 from distseq.data.synthetic import MARKER_FRAMES, encode_sample, sequences, write_synthetic
-from distseq.data.tar import Sample, longest_sample
+from distseq.data.tar import Sample, longest_sample, member_key
 from distseq.data.train_stream import Resume, resume_problem, train_batches
 from distseq.data.val_stream import val_batches
 from distseq.errors import DataError
@@ -427,6 +429,29 @@ def test_a_far_resume_costs_what_a_near_one_does(
     # batches take: the same bound at either step (passing over 60 batches read 120 samples).
     bound = cfg.shuffle_buffer + cfg.batch_size + 2 * cfg.batch_size
     assert max(costs) <= bound, costs
+
+
+def test_a_resume_into_a_rewritten_shard_is_one_line(tmp_path: Path, shards: Path) -> None:
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    cfg = stream_config(copy)
+    full = list(islice(train_batches(cfg, seed=2), 3))
+    resume = _resume(full)
+    urls = sorted(copy.glob("train-*.tar"))
+    shard, offset = next((s, o) for s, o in resume.positions[0]["buffer"] if o > 0)
+    with tarfile.open(urls[shard]) as tar:  # the shard again, with its first sample alone
+        key = member_key(tar.getmembers()[0].name)[0]
+        first = [m for m in tar.getmembers() if member_key(m.name)[0] == key]
+        kept = [(m, tar.extractfile(m).read()) for m in first]  # type: ignore[union-attr]
+    with tarfile.open(urls[shard], "w") as tar:
+        for member, data in kept:
+            tar.addfile(member, io.BytesIO(data))
+    with pytest.raises(DataError) as info:
+        next(train_batches(cfg, seed=2, resume=resume))
+    assert str(info.value) == (
+        f"shard {urls[shard]}: no sample starts at byte {offset}, where the checkpoint's stream "
+        "position has one: the shard was rewritten since"
+    )
 
 
 def test_a_resume_from_another_worker_count_says_why_it_starts_anew(shards: Path) -> None:
