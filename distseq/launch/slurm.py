@@ -11,7 +11,8 @@ once per step, saves a checkpoint with all of them at the next step boundary:
 
 - SIGUSR2 (sent ``--signal-delay`` seconds before the time limit, and by submitit's
   ``job._interrupt()``): save, then the first task requeues the job, at most
-  ``train.max_requeues`` times (SLURM_RESTART_COUNT counts them).
+  ``train.max_requeues`` times (counted in the job's submitit folder: SLURM_RESTART_COUNT
+  counts a preemption's requeues too).
 - SIGTERM alone (preemption, ``scancel``, ``scancel --signal=TERM``): save and exit. Where SLURM
   is not ending the job itself (``scancel --signal=TERM``, a ``kill``), the first task cancels
   it, so that sacct says CANCELLED, as for ``scancel``, rather than FAILED; a scheduler that
@@ -50,6 +51,7 @@ from distseq.errors import (
     error_line,
     exit_code,
 )
+from distseq.files import write_atomic
 from distseq.train.loop import train
 from distseq.train.select import Selection
 from distseq.train.signals import Interrupted, StoppedAtStart, StopSignals
@@ -116,16 +118,21 @@ def exit_stopped(stop: StopSignals, max_requeues: int, step: int) -> NoReturn:
         cancelled = first and _cancel_unless_ending(job)
         said = f"; cancelled job {job}, submit it again to go on" if cancelled else ""
         _end(Stopped(f"{names}: saved step {step}, exiting{said}"))
-    requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    # Its own requeues, not SLURM_RESTART_COUNT: that counts those of a preemption too, and a job
+    # preempted twice a day spent train.max_requeues=10 in five days, then ended at its next
+    # time limit instead of requeueing itself.
+    record = submitit.JobEnvironment().paths.folder / f"{job}_requeues"
+    requeues = int(record.read_text()) if record.is_file() else 0
     if requeues >= max_requeues:
         _end(
             Stopped(
-                f"job {job} stopped by {names} after saving step {step}, not requeued: it ran "
-                f"{requeues + 1} times (train.max_requeues={max_requeues}); submit it again to "
-                "go on"
+                f"job {job} stopped by {names} after saving step {step}, not requeued: it "
+                f"requeued itself {requeues} times (train.max_requeues={max_requeues}); submit it "
+                "again to go on"
             )
         )
     if first:
+        write_atomic(record, f"{requeues + 1}\n")  # first: the requeue ends this process
         try:
             subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
         except (OSError, subprocess.SubprocessError) as e:

@@ -421,26 +421,46 @@ def test_requeues_are_bounded_and_sigterm_alone_saves_and_exits(
     if states:  # it was FAILED (exit 143), which a user who stopped it does not expect
         assert states[0] == "CANCELLED", states  # "CANCELLED by UID"
 
-    # Resubmitted, it resumes; then SIGUSR2 finds the requeue budget (0) spent: one line in the
-    # job's log and from submit --wait, which exits as a stop does. It was two chained submitit
-    # tracebacks around the line, and submit --wait said "Job (task=0) failed during processing".
-    waiting = _submit_waiting(tmp_path, shards, slurm, *steps)
+    # Resubmitted with one requeue of its own, it resumes. SLURM requeues it, as a preemption
+    # does: that is none of the job's own (SLURM_RESTART_COUNT counted it, and a job preempted
+    # twice a day had spent its requeues in days), and the job is not cancelled. SIGUSR2 then
+    # requeues it, and next finds its requeue spent: one line in the job's log and from submit
+    # --wait, which exits as a stop does. It was two chained submitit tracebacks around the
+    # line, and submit --wait said "Job (task=0) failed during processing".
+    waiting = _submit_waiting(tmp_path, shards, slurm, *steps[:-2], "train.max_requeues=1")
     job = _job_of(waiting)
-    _wait_for_step(job, run, first + 2)
+    _wait_for_log(job, "resuming from", 1)
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True)
+    _wait_for_log(job, "resuming from", 2)
     job._interrupt(timeout=True)  # SIGUSR2 only, as before the time limit
+    _wait_for_log(job, "resuming from", 3)
+    job._interrupt(timeout=True)
     out, err = waiting.communicate(timeout=JOB_TIMEOUT_S)
     saved = _saved_step(run)
-    assert saved > first + 1
     spent = (
-        f"job {job.job_id} stopped by SIGUSR2 after saving step {saved}, not requeued: it ran 1 "
-        "times (train.max_requeues=0); submit it again to go on"
+        f"job {job.job_id} stopped by SIGUSR2 after saving step {saved}, not requeued: it "
+        "requeued itself 1 times (train.max_requeues=1); submit it again to go on"
     )
     assert waiting.returncode == 143 and err == (
         f"distseq: error: job {job.job_id}: {spent} (log: {job.paths.stderr})\n"
     ), out + err
-    _no_traceback(job)
+    log = _no_traceback(job)
     lines = job.paths.stderr.read_text().splitlines()
     assert [line for line in lines if not line.startswith("srun:")][-1] == f"distseq: {spent}"
+    assert "cancelled" not in log and f"requeued job {job.job_id} (1 of" in log, log
+    states = _sacct_states(job.job_id)
+    if states:
+        assert states[:2] == ["REQUEUED", "REQUEUED"] and states[-1] == "FAILED", states
+
+
+def _wait_for_log(job: SlurmJob, text: str, count: int) -> None:
+    """Until ``text`` is ``count`` times in the job's first task's stderr, its runs appended."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (job.paths.stderr.exists() and job.paths.stderr.read_text().count(text) >= count):
+        if time.monotonic() > deadline:
+            job.cancel(check=False)
+            pytest.fail(f"job {job.job_id}: {text!r} not {count} times: {_logs(job)}")
+        time.sleep(0.2)
 
 
 @pytest.mark.usefixtures("single_threaded")
