@@ -115,9 +115,7 @@ def exit_stopped(stop: StopSignals, max_requeues: int, step: int) -> NoReturn:
     first = os.environ.get("SLURM_PROCID", "0") == "0"
     names = "+".join(signal.Signals(s).name for s in sorted(stop.received))
     if signal.SIGUSR2 not in stop.received:
-        cancelled = first and _cancel_unless_ending(job)
-        said = f"; cancelled job {job}, submit it again to go on" if cancelled else ""
-        _end(Stopped(f"{names}: saved step {step}, exiting{said}"))
+        _end(Stopped(f"{names}: saved step {step}, exiting{_cancelled()}"))
     # Its own requeues, not SLURM_RESTART_COUNT: that counts those of a preemption too, and a job
     # preempted twice a day spent train.max_requeues=10 in five days, then ended at its next
     # time limit instead of requeueing itself.
@@ -141,10 +139,19 @@ def exit_stopped(stop: StopSignals, max_requeues: int, step: int) -> NoReturn:
                  f"train.max_requeues={max_requeues})"))  # fmt: skip
 
 
+def _cancelled() -> str:
+    """After a stop by SIGTERM alone, on the first task: cancel the job unless SLURM is ending it
+    already (a ``scancel``: the job COMPLETING; its time limit; a preemption: ``PreemptTime``
+    set, the job still RUNNING through its grace time, and perhaps to be requeued), so that
+    sacct says CANCELLED, not FAILED. What to add to the task's line."""
+    job = os.environ["SLURM_JOB_ID"]
+    if os.environ.get("SLURM_PROCID", "0") != "0" or not _cancel_unless_ending(job):
+        return ""
+    return f"; cancelled job {job}, submit it again to go on"
+
+
 def _cancel_unless_ending(job: str) -> bool:
-    """Cancel ``job`` unless SLURM is ending it already: a ``scancel`` (the job COMPLETING), its
-    time limit, a preemption (``PreemptTime`` set, the job still RUNNING through its grace time,
-    and perhaps to be requeued). Whether it cancelled it."""
+    """Cancel ``job`` unless SLURM is ending it already; whether it cancelled it."""
     try:
         shown = subprocess.run(
             ["scontrol", "show", "job", "-o", job],
@@ -164,10 +171,10 @@ _END = "distseq: "
 _ERROR = re.compile(r"^distseq: error \(rank (\d+)\): ")
 
 
-def _end(error: BaseException) -> NoReturn:
+def _end(error: Exception) -> NoReturn:
     """End this task as ``distseq train`` ends: a stop on request in one line of the first
     task's, an error in one line of every task's, with the command line's exit code."""
-    code = EXIT_STOPPED if isinstance(error, StoppedAtStart) else exit_code(error)
+    code = exit_code(error)
     assert code is not None, error
     if code != EXIT_STOPPED:
         print(error_line(str(error)), file=sys.stderr, flush=True)
@@ -215,8 +222,8 @@ class TrainTask:
                 return train(cfg, stop=stop)
             except Interrupted as e:
                 exit_stopped(stop, cfg.train.max_requeues, e.step)
-        except StoppedAtStart as e:
-            _end(e)
+        except StoppedAtStart as e:  # SIGTERM while the run starts, as a user's or SLURM's
+            _end(Stopped(f"{e}{_cancelled()}"))
         except Exception as e:
             if exit_code(e) is None:  # a bug: submitit's traceback says where
                 raise
