@@ -9,13 +9,7 @@ import submitit
 
 from distseq.config import load_config
 from distseq.errors import EXIT_STOPPED, Stopped, TrainingError, first_line
-from distseq.launch.slurm import (
-    SlurmOptions,
-    check_before_queuing,
-    job_end,
-    sbatch_script,
-    submit,
-)
+from distseq.launch.slurm import SlurmOptions, job_end, sbatch_script, submit
 from distseq.parallel import sequence_line
 
 
@@ -80,10 +74,8 @@ def job_options(
 
 def run(args: argparse.Namespace) -> None:
     opts = job_options(args, args.folder, args.nodes, args.gpus_per_node, args.tasks_per_node)
-    # A bad config, split, shard folder or score fails here, not in a queued job.
-    cfg = load_config(args.config, args.overrides)
-    check_before_queuing(cfg)
-    line = sequence_line(cfg, *_layout(opts))
+    # A bad config or split fails here, not in a queued job (and submit checks the data).
+    line = sequence_line(load_config(args.config, args.overrides), *_layout(opts))
     if line:  # beside a dry run's script, which stays one to save and sbatch
         print(line, file=sys.stderr if args.dry_run else sys.stdout)
     if args.dry_run:

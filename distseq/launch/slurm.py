@@ -233,7 +233,8 @@ class TrainTask:
 def check_before_queuing(cfg: Config) -> None:
     """What ``train`` checks of a config before its first step that needs no model: that the
     shards are there (their manifest) and that validation logs train.select's score. A job would
-    fail on them seconds after its wait in the queue. The model (weights to fetch) is the job's."""
+    fail on them seconds after its wait in the queue. The model (weights to fetch) is the job's;
+    a dry run, which may be made where the data is not, checks neither."""
     cfg = with_absolute_paths(cfg)  # as the job's run sees them, from the same folder
     load_manifest(cfg.data)
     expand(cfg.data.train, "data.train", "train")

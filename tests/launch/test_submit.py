@@ -67,8 +67,9 @@ def test_submit_dry_run_shows_the_sbatch_script(tmp_path: Path, shards: Path) ->
 
 
 def _submit(capsys: pytest.CaptureFixture[str], config: Path, *args: str) -> tuple[int, str, str]:
-    """``distseq submit CONFIG ARGS --dry-run`` in this process: its code, stdout, stderr."""
-    code = main(["submit", str(config), *args, "--dry-run"])
+    """``distseq submit CONFIG ARGS`` in this process: its code, stdout, stderr. Refused, it
+    queues nothing, and needs no cluster."""
+    code = main(["submit", str(config), *args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -77,7 +78,8 @@ def _submit(capsys: pytest.CaptureFixture[str], config: Path, *args: str) -> tup
     "overrides,code,said",
     [
         # train's own checks before its first step, on the login node: a job failed on them
-        # seconds after its wait in the queue, in a traceback.
+        # seconds after its wait in the queue, in a traceback. (A dry run checks no data: it
+        # may be made where the data is not.)
         (["data.train=nowhere/train-{000000..000001}.tar"], 1, "nowhere/index.json"),
         (["train.select=max val_mAP"], 2, "config key train.select='max val_mAP'"),
     ],
@@ -103,7 +105,7 @@ def test_submit_refuses_a_signal_delay_as_long_as_the_time_limit(
 ) -> None:
     # SLURM would signal each run of the job as it starts: it saved and requeued itself every
     # ~40 s until train.max_requeues ran out, without a word.
-    code, out, err = _submit(capsys, tiny_config(tmp_path, shards), "--time", time)
+    code, out, err = _submit(capsys, tiny_config(tmp_path, shards), "--time", time, "--dry-run")
     assert (code, out, err.count("\n")) == (2, "", 1), err
     assert err.startswith("distseq: error: --signal-delay 120: ") and (
         f"shorter than --time {time} (120 s)" in err
