@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from distseq import __version__
-from distseq.errors import ConfigError, DataError, ModelError, TrainingError
+from distseq.errors import EXIT_STOPPED, error_line, exit_code
 from distseq.launch.agent import agent_gone, exit_orphaned, exit_with_agent
 from distseq.train.signals import StoppedAtStart
-
-EXIT_CONFIG = 2
-EXIT_FAILURE = 1
-EXIT_SIGTERM = 128 + 15
 
 
 class _Help(argparse.HelpFormatter):
@@ -100,17 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
         args.run(args)
-    except (ConfigError, ModelError) as e:
-        return _failed(str(e), EXIT_CONFIG)
-    except (DataError, TrainingError) as e:
-        return _failed(str(e), EXIT_FAILURE)
     except KeyboardInterrupt:
         return _failed("interrupted", 130)
     except StoppedAtStart as e:
-        return _failed(str(e), EXIT_SIGTERM)
-    except Exception:
-        _exit_if_orphaned()
-        raise
+        return _failed(str(e), EXIT_STOPPED)
+    except Exception as e:
+        code = exit_code(e)
+        if code is None:
+            _exit_if_orphaned()
+            raise
+        return _failed(str(e), code)
     return 0
 
 
@@ -145,9 +139,7 @@ def _number(word: str) -> bool:
 def _failed(message: str, code: int) -> int:
     """Print ``message`` as this rank's one error line; returns ``code``."""
     _exit_if_orphaned()
-    rank = os.environ.get("RANK")
-    prefix = "distseq: error: " if rank is None else f"distseq: error (rank {rank}): "
-    print(prefix + message, file=sys.stderr)
+    print(error_line(message), file=sys.stderr)
     return code
 
 

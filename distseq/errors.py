@@ -1,10 +1,19 @@
 """The errors users cause, each printed by the command line as one line, and that one line.
 
 ``ConfigError`` and ``ModelError`` exit with code 2, ``DataError`` and ``TrainingError`` with
-code 1 (``cli.py``).
+code 1, ``Stopped`` (a run stopped on request, its work saved) with 143 (``exit_code``): under
+``distseq train`` (``cli.py``), torchrun and ``distseq submit``'s jobs alike.
 """
 
 from __future__ import annotations
+
+import os
+
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+# 128 + SIGTERM, what a shell reports for a process that SIGTERM ended: a run stopped on request
+# (SIGTERM or SIGUSR2) with nothing lost, never a failure.
+EXIT_STOPPED = 128 + 15
 
 
 def first_line(what: object) -> str:
@@ -35,7 +44,30 @@ class TrainingError(RuntimeError):
     """The run cannot go on (or a checkpoint cannot be read or written); the message is one line."""
 
 
+class Stopped(TrainingError):
+    """The run stopped because it was asked to (SIGTERM, SIGUSR2), with its work saved: not a
+    failure. A ``TrainingError`` still, so that code around a run (the bench) passes it on."""
+
+
 class ModelError(ValueError):
     """A model or its input that breaks the contract of ``distseq.ChunkedModel`` (a backbone's or
     a head's output, frames of the wrong dtype or shape); the message is one line naming the
     shapes."""
+
+
+def exit_code(error: BaseException) -> int | None:
+    """The exit code of an error users cause (this module's), None for any other."""
+    if isinstance(error, Stopped):
+        return EXIT_STOPPED
+    if isinstance(error, ConfigError | ModelError):
+        return EXIT_CONFIG
+    if isinstance(error, DataError | TrainingError):
+        return EXIT_FAILURE
+    return None
+
+
+def error_line(message: str) -> str:
+    """``message`` as this process's one error line, naming its rank under torchrun or SLURM."""
+    rank = os.environ.get("RANK")
+    prefix = "distseq: error: " if rank is None else f"distseq: error (rank {rank}): "
+    return prefix + message

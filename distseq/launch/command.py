@@ -8,8 +8,8 @@ import sys
 import submitit
 
 from distseq.config import load_config
-from distseq.errors import TrainingError
-from distseq.launch.slurm import SlurmOptions, sbatch_script, submit
+from distseq.errors import EXIT_STOPPED, Stopped, TrainingError, first_line
+from distseq.launch.slurm import SlurmOptions, job_end, sbatch_script, submit
 from distseq.parallel import sequence_line
 
 
@@ -42,7 +42,10 @@ def add_job_options(
             "--signal-delay",
             type=int,
             default=120,
-            help=f"seconds before the time limit at which {job} saves and requeues itself",
+            help=f"seconds before the time limit at which SLURM signals {job} (SIGUSR2) to save "
+            "and requeue itself (train.max_requeues times at most): room for a step and a save, "
+            "shorter than --time; 0: no signal, the job ends at its time limit (TIMEOUT), saved "
+            "only if a step and a save fit in the cluster's KillWait",
         ),
     ]
 
@@ -71,7 +74,7 @@ def job_options(
 
 def run(args: argparse.Namespace) -> None:
     opts = job_options(args, args.folder, args.nodes, args.gpus_per_node, args.tasks_per_node)
-    # A bad config or split fails here, not in a queued job.
+    # A bad config or split fails here, not in a queued job (and submit checks the data).
     line = sequence_line(load_config(args.config, args.overrides), *_layout(opts))
     if line:  # beside a dry run's script, which stays one to save and sbatch
         print(line, file=sys.stderr if args.dry_run else sys.stdout)
@@ -86,8 +89,11 @@ def run(args: argparse.Namespace) -> None:
         try:
             print(f"result (rank 0): {job.results()[0]}", flush=True)
         except submitit.core.utils.UncompletedJobError as e:  # FailedJobError is a subclass
-            first = str(e).strip().splitlines()[0]
-            raise TrainingError(f"job {job.job_id}: {first} (see {job.paths.stderr})") from None
+            # The job's own last line(s), with its exit code: 143 for a stop on request.
+            said, code = job_end(job)
+            said = said or first_line(e)  # a job that died without one (killed, a bug)
+            error = Stopped if code == EXIT_STOPPED else TrainingError
+            raise error(f"job {job.job_id}: {said} (log: {job.paths.stderr})") from None
 
 
 def _layout(opts: SlurmOptions) -> tuple[int, dict[int, str]]:

@@ -130,13 +130,15 @@ def _train(cfg: Config, info: DistInfo, stop: Callable[[], bool] | None) -> dict
         say(f"train.patience: the run stopped early at step {run.position.step}; best: "
             f"{run.selection.said(run.best)}")  # fmt: skip
         return run.metrics
-    stream = _batches(run)
-    # The first poll: from here on a stop waits for the next step boundary, where all ranks save
-    # together (before it, StopSignals stops the run at once). A stop asked for on some rank
-    # before this point has nothing of this leg to save.
-    if stop is not None and any_rank(stop()):
-        raise Interrupted(run.position.step, saved=False)
+    # From the first batch on (a rank's bad frame there leaves the others in the poll below),
+    # a collective that fails is one line on every rank.
     try:
+        stream = _batches(run)
+        # The first poll: from here on a stop waits for the next step boundary, where all ranks
+        # save together (before it, StopSignals stops the run at once). A stop asked for on some
+        # rank before this point has nothing of this leg to save.
+        if stop is not None and any_rank(stop()):
+            raise Interrupted(run.position.step, saved=False)
         return _steps(run, stream, stop)
     except Exception as e:
         if is_collective_failure(e):

@@ -6,12 +6,13 @@ from __future__ import annotations
 import signal
 import types
 
-from distseq.errors import TrainingError
+from distseq.errors import Stopped
 
 
-class Interrupted(TrainingError):
+class Interrupted(Stopped):
     """Training stopped early because it was asked to, after every rank saved a checkpoint at
-    ``step`` (``saved``), or before the leg's first step, with nothing new to save."""
+    ``step`` (``saved``), or before the leg's first step, with nothing new to save. Exit code
+    143, as every stop on request (``errors.EXIT_STOPPED``)."""
 
     def __init__(self, step: int, saved: bool = True) -> None:
         super().__init__(

@@ -374,6 +374,28 @@ def test_sbatch_torchrun_runs_one_torchrun_on_each_of_two_nodes(
     _same_parameters(tmp_path / "run", uninterrupted)
 
 
+def _submit_waiting(tmp_path: Path, shards: Path, folder: Path, *args: str) -> subprocess.Popen:
+    """``distseq submit --wait`` of the tiny config, as a user runs it, in the background."""
+    config = tiny_config(tmp_path, shards)
+    cmd = [sys.executable, "-m", "distseq", "submit", str(config), "--partition", "debug"]
+    cmd += ["--time", "00:05:00", "--folder", str(folder), "--wait", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _job_of(proc: subprocess.Popen) -> SlurmJob:
+    """The job ``_submit_waiting`` queued, from the first line it prints."""
+    assert proc.stdout is not None
+    said = re.fullmatch(r"submitted job (\d+)\n", proc.stdout.readline())
+    assert said, proc.communicate(timeout=JOB_TIMEOUT_S)
+    return SlurmJob(folder=proc.args[proc.args.index("--folder") + 1], job_id=said[1])
+
+
+def _no_traceback(job: SlurmJob) -> str:
+    log = "".join(_logs(job).values())
+    assert "Traceback" not in log, log
+    return log
+
+
 @pytest.mark.usefixtures("single_threaded")
 @pytest.mark.alone
 def test_requeues_are_bounded_and_sigterm_alone_saves_and_exits(
@@ -383,7 +405,7 @@ def test_requeues_are_bounded_and_sigterm_alone_saves_and_exits(
     steps = ["train.steps=200", "train.max_requeues=0", "data.num_workers=1"]
     job, run = _submit_tiny(tmp_path, shards, slurm, 1, *steps)
     _wait_for_step(job, run, 2)
-    subprocess.run(["scancel", "--signal=TERM", job.job_id], check=True)  # as a preemption
+    subprocess.run(["scancel", "--signal=TERM", job.job_id], check=True)  # a user's SIGTERM
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not job.done(force_check=True):
         if time.monotonic() > deadline:
@@ -392,14 +414,77 @@ def test_requeues_are_bounded_and_sigterm_alone_saves_and_exits(
         time.sleep(0.5)
     first = _saved_step(run)
     assert 2 <= first < 200, first
-    log = "".join(_logs(job).values())
-    assert f"SIGTERM: saved step {first}, exiting" in log, log
+    log = _no_traceback(job)
+    assert f"SIGTERM: saved step {first}, exiting; cancelled job {job.job_id}" in log, log
     assert "requeued" not in log, log
+    states = _sacct_states(job.job_id)
+    if states:  # it was FAILED (exit 143), which a user who stopped it does not expect
+        assert states[0] == "CANCELLED", states  # "CANCELLED by UID"
 
-    # Resubmitted, it resumes; then SIGUSR2 finds the requeue budget (0) spent.
-    job, run = _submit_tiny(tmp_path, shards, slurm, 1, *steps)
-    _wait_for_step(job, run, first + 2)
+    # Resubmitted with one requeue of its own, it resumes. SLURM requeues it, as a preemption
+    # does: that is none of the job's own (SLURM_RESTART_COUNT counted it, and a job preempted
+    # twice a day had spent its requeues in days), and the job is not cancelled. SIGUSR2 then
+    # requeues it, and next finds its requeue spent: one line in the job's log and from submit
+    # --wait, which exits as a stop does. It was two chained submitit tracebacks around the
+    # line, and submit --wait said "Job (task=0) failed during processing".
+    waiting = _submit_waiting(tmp_path, shards, slurm, *steps[:-2], "train.max_requeues=1")
+    job = _job_of(waiting)
+    _wait_for_log(job, "resuming from", 1)
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True)
+    _wait_for_log(job, "resuming from", 2)
     job._interrupt(timeout=True)  # SIGUSR2 only, as before the time limit
-    with pytest.raises(submitit.core.utils.FailedJobError, match="not requeued: it ran 1 times"):
-        _wait(job)
-    assert _saved_step(run) > first + 1
+    _wait_for_log(job, "resuming from", 3)
+    job._interrupt(timeout=True)
+    out, err = waiting.communicate(timeout=JOB_TIMEOUT_S)
+    saved = _saved_step(run)
+    spent = (
+        f"job {job.job_id} stopped by SIGUSR2 after saving step {saved}, not requeued: it "
+        "requeued itself 1 times (train.max_requeues=1); submit it again to go on"
+    )
+    assert waiting.returncode == 143 and err == (
+        f"distseq: error: job {job.job_id}: {spent} (log: {job.paths.stderr})\n"
+    ), out + err
+    log = _no_traceback(job)
+    lines = job.paths.stderr.read_text().splitlines()
+    assert [line for line in lines if not line.startswith("srun:")][-1] == f"distseq: {spent}"
+    assert "cancelled" not in log and f"requeued job {job.job_id} (1 of" in log, log
+    states = _sacct_states(job.job_id)
+    if states:
+        assert states[:2] == ["REQUEUED", "REQUEUED"] and states[-1] == "FAILED", states
+
+
+def _wait_for_log(job: SlurmJob, text: str, count: int) -> None:
+    """Until ``text`` is ``count`` times in the job's first task's stderr, its runs appended."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (job.paths.stderr.exists() and job.paths.stderr.read_text().count(text) >= count):
+        if time.monotonic() > deadline:
+            job.cancel(check=False)
+            pytest.fail(f"job {job.job_id}: {text!r} not {count} times: {_logs(job)}")
+        time.sleep(0.2)
+
+
+@pytest.mark.usefixtures("single_threaded")
+def test_a_config_error_found_in_the_job_is_one_line(
+    slurm: Path, tmp_path: Path, shards: Path
+) -> None:
+    # The model is the job's to make (its weights to fetch, its code to import, where the job
+    # runs): a traceback in the log, and submit --wait's line was submitit's.
+    backbone = "model.backbone.name=nowhere_module:make_cnn"
+    waiting = _submit_waiting(tmp_path, shards, slurm, "--tasks-per-node", "2", backbone)
+    job = _job_of(waiting)
+    out, err = waiting.communicate(timeout=JOB_TIMEOUT_S)
+    said = (
+        "config key model.backbone.name='nowhere_module:make_cnn': cannot import nowhere_module "
+        "(ModuleNotFoundError: No module named 'nowhere_module'); is it installed, or on "
+        "PYTHONPATH?"
+    )
+    assert waiting.returncode == 1 and err == (
+        f"distseq: error: job {job.job_id}: rank 0: {said}; rank 1: {said} "
+        f"(log: {job.paths.stderr})\n"
+    ), out + err
+    log = _no_traceback(job)
+    for rank in (0, 1):
+        assert f"distseq: error (rank {rank}): {said}" in log, log
+    states = _sacct_states(job.job_id)
+    if states:
+        assert states == ["FAILED"], states
