@@ -238,7 +238,7 @@ def check_before_queuing(cfg: Config) -> None:
     cfg = with_absolute_paths(cfg)  # as the job's run sees them, from the same folder
     load_manifest(cfg.data)
     expand(cfg.data.train, "data.train", "train")
-    if cfg.train.select and cfg.data.val:  # without data.val train keeps the last step
+    if cfg.train.select:  # refused by train with or without data.val
         Selection.of(cfg.train.select, cfg.train.patience)
 
 
