@@ -137,9 +137,10 @@ def _number(word: str) -> bool:
 
 
 def _failed(message: str, code: int) -> int:
-    """Print ``message`` as this rank's one error line; returns ``code``."""
+    """Print ``message`` as this rank's one line (an error's, unless ``code`` says a stop on
+    request); returns ``code``."""
     _exit_if_orphaned()
-    print(error_line(message), file=sys.stderr)
+    print(error_line(message, stopped=code == EXIT_STOPPED), file=sys.stderr)
     return code
 
 

@@ -66,8 +66,9 @@ def exit_code(error: BaseException) -> int | None:
     return None
 
 
-def error_line(message: str) -> str:
-    """``message`` as this process's one error line, naming its rank under torchrun or SLURM."""
+def error_line(message: str, stopped: bool = False) -> str:
+    """``message`` as this process's one error line, naming its rank under torchrun or SLURM; a
+    stop on request (``stopped``), its work saved, is no error and is not called one."""
     rank = os.environ.get("RANK")
-    prefix = "distseq: error: " if rank is None else f"distseq: error (rank {rank}): "
-    return prefix + message
+    where = "" if rank is None else f" (rank {rank})"
+    return f"distseq{where}: {message}" if stopped else f"distseq: error{where}: {message}"

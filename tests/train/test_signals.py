@@ -106,7 +106,7 @@ def test_the_command_leaves_at_once_with_one_line(tmp_path: Path, shards: Path) 
     assert time.monotonic() - sent < 10  # at once, not after minutes of probing
     assert proc.returncode == 143 and "memory plan:" not in out, out + err
     assert err.splitlines() == [
-        "distseq: error: stopped by SIGTERM while starting (before the first step): nothing to "
+        "distseq: stopped by SIGTERM while starting (before the first step): nothing to "
         "save; run again to start, or to resume from the last checkpoint"
     ]
 
@@ -122,7 +122,7 @@ def test_sigterm_to_the_whole_group_saves_with_loader_workers(tmp_path: Path, sh
         "train", str(config), *argv, cwd=tmp_path, run=tmp_path / "run"
     )
     saved = re.fullmatch(
-        r"distseq: error: stopped on request after step (\d+), saved; run again to resume",
+        r"distseq: stopped on request after step (\d+), saved; run again to resume",
         err.splitlines()[-1],
     )
     # 143, as a stop before the first step and a stopped `distseq submit` job: it used to be 1,
