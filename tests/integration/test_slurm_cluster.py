@@ -442,7 +442,7 @@ def test_requeues_are_bounded_and_sigterm_alone_saves_and_exits(
         "requeued itself 1 times (train.max_requeues=1); submit it again to go on"
     )
     assert waiting.returncode == 143 and err == (
-        f"distseq: error: job {job.job_id}: {spent} (log: {job.paths.stderr})\n"
+        f"distseq: job {job.job_id}: {spent} (log: {job.paths.stderr})\n"
     ), out + err
     log = _no_traceback(job)
     lines = job.paths.stderr.read_text().splitlines()
