@@ -6,6 +6,7 @@ SLURM cluster's two nodes, each training a job, which ends with the same table."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -171,7 +172,10 @@ def test_on_slurm_every_training_is_a_job_and_the_table_is_the_local_one(
     slurm = ["--slurm", "--partition", "hosts", "--time", "00:05:00"]
     cmd = [sys.executable, "-m", "distseq", *argv(data, out, *STEPS, "--test", str(data), *slurm)]
     env, pipe = {**os.environ, "PYTHONPATH": str(REPO)}, subprocess.PIPE
-    first = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=env)
+    # Ctrl-C as a terminal sends it: a suite started in the background (`.ci/run &`) hands its
+    # processes SIGINT ignored, and Python then keeps ignoring it.
+    default = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    first = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=env, preexec_fn=default)
     lines = []
     assert first.stderr is not None
     for line in first.stderr:
