@@ -2,7 +2,7 @@
 
 Every frame of a sequence gets the same parameters, so the motion between frames stays what the
 camera saw; the parameters are drawn before any frame is decoded (from the frame size in the JPEG
-header), so a stream can draw them exactly as it would while passing over batches undecoded.
+header), and a resumed stream restores those of the windows it held from its position.
 """
 
 from __future__ import annotations
